@@ -1,0 +1,480 @@
+//! The ll operations on a [`Mount`].
+
+use std::ffi::CStr;
+
+use crate::dir::Dir;
+use crate::error::{check, CephError, Result};
+use crate::file::File;
+use crate::inode::Inode;
+use crate::mount::{Mount, Vino};
+use crate::perm::UserPerm;
+use crate::statx::{Statx, CEPH_NOSNAP, CEPH_STATX_ALL_STATS};
+use crate::sys;
+
+/// Longest symlink target returned by `readlink` (1 MiB); CephFS itself caps targets far lower.
+const MAX_READLINK: usize = 1 << 20;
+
+impl Mount {
+    /// `ceph_ll_lookup_root`: a reference on the mount's root inode.
+    pub fn lookup_root(&self) -> Result<Inode> {
+        let mut out = std::ptr::null_mut();
+        // SAFETY: the mount is live; `out` is a valid out pointer.
+        let ret = unsafe { sys::ceph_ll_lookup_root(self.raw(), &mut out) };
+        check("ceph_ll_lookup_root", ret)?;
+        // SAFETY: on success libcephfs handed us one reference.
+        unsafe { Inode::from_raw(self, "ceph_ll_lookup_root", out) }
+    }
+
+    /// `ceph_ll_lookup` of `name` in `parent` (`.` and `..` work; `..` of the mount root is
+    /// the root itself).
+    pub fn lookup(
+        &self,
+        parent: &Inode,
+        name: &CStr,
+        want: u32,
+        flags: u32,
+        perms: &UserPerm,
+    ) -> Result<(Inode, Statx)> {
+        let mut out = std::ptr::null_mut();
+        let mut stx = Statx::default();
+        // SAFETY: mount and parent live; `name` NUL-terminated; out buffers valid; `perms`
+        // outlives the call.
+        let ret = unsafe {
+            sys::ceph_ll_lookup(
+                self.raw(),
+                parent.as_ptr(),
+                name.as_ptr(),
+                &mut out,
+                &mut stx,
+                want,
+                flags,
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_lookup", ret)?;
+        // SAFETY: on success libcephfs handed us one reference.
+        let inode = unsafe { Inode::from_raw(self, "ceph_ll_lookup", out) }?;
+        Ok((inode, stx))
+    }
+
+    /// `ceph_ll_lookup_inode`: find a live inode by number, asking the MDS if it is not
+    /// cached. A vanished inode gives ESTALE.
+    pub fn lookup_inode(&self, ino: u64) -> Result<Inode> {
+        let mut out = std::ptr::null_mut();
+        // SAFETY: the mount is live; `out` is a valid out pointer.
+        let ret =
+            unsafe { sys::ceph_ll_lookup_inode(self.raw(), sys::inodeno_t { val: ino }, &mut out) };
+        check("ceph_ll_lookup_inode", ret)?;
+        // SAFETY: on success libcephfs handed us one reference.
+        unsafe { Inode::from_raw(self, "ceph_ll_lookup_inode", out) }
+    }
+
+    /// `ceph_ll_lookup_vino`: find an inode by (ino, snapid). With `CEPH_NOSNAP` this is
+    /// `lookup_inode`. Pacific can only find snapshot inodes that are already in the
+    /// client's cache (otherwise ESTALE).
+    pub fn lookup_vino(&self, ino: u64, snapid: u64) -> Result<Inode> {
+        if snapid == CEPH_NOSNAP {
+            return self.lookup_inode(ino);
+        }
+        let mut out = std::ptr::null_mut();
+        let vino = Vino { ino, snapid };
+        // SAFETY: the mount is live; `out` is a valid out pointer.
+        let ret = unsafe { sys::ceph_ll_lookup_vino(self.raw(), vino.into(), &mut out) };
+        check("ceph_ll_lookup_vino", ret)?;
+        // SAFETY: on success libcephfs handed us one reference.
+        unsafe { Inode::from_raw(self, "ceph_ll_lookup_vino", out) }
+    }
+
+    /// `ceph_ll_getattr`.
+    pub fn getattr(&self, inode: &Inode, want: u32, flags: u32, perms: &UserPerm) -> Result<Statx> {
+        let mut stx = Statx::default();
+        // SAFETY: mount and inode live; `stx` a valid out buffer; perms outlives the call.
+        let ret = unsafe {
+            sys::ceph_ll_getattr(
+                self.raw(),
+                inode.as_ptr(),
+                &mut stx,
+                want,
+                flags,
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_getattr", ret)?;
+        Ok(stx)
+    }
+
+    /// `ceph_ll_setattr`: set the fields of `stx` named by `mask` (`CEPH_SETATTR_*`).
+    pub fn setattr(&self, inode: &Inode, stx: &Statx, mask: u32, perms: &UserPerm) -> Result<()> {
+        let mut copy = *stx;
+        let mask =
+            i32::try_from(mask).map_err(|_| CephError::new("ceph_ll_setattr", libc::EINVAL))?;
+        // SAFETY: mount and inode live; `copy` is a valid statx owned by this frame.
+        let ret = unsafe {
+            sys::ceph_ll_setattr(self.raw(), inode.as_ptr(), &mut copy, mask, perms.as_ptr())
+        };
+        check("ceph_ll_setattr", ret).map(drop)
+    }
+
+    /// `ceph_ll_readlink`: the symlink's target bytes.
+    pub fn readlink(&self, inode: &Inode, perms: &UserPerm) -> Result<Vec<u8>> {
+        let mut size = libc::PATH_MAX as usize;
+        loop {
+            let mut buf = vec![0u8; size];
+            // SAFETY: mount and inode live; `buf` writable for `buf.len()` bytes.
+            let ret = unsafe {
+                sys::ceph_ll_readlink(
+                    self.raw(),
+                    inode.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    perms.as_ptr(),
+                )
+            };
+            let n = usize::try_from(check("ceph_ll_readlink", ret)?).unwrap_or(0);
+            if n < buf.len() || size >= MAX_READLINK {
+                buf.truncate(n);
+                return Ok(buf);
+            }
+            size *= 4;
+        }
+    }
+
+    /// `ceph_ll_mknod` (regular files, FIFOs, sockets, devices).
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &self,
+        parent: &Inode,
+        name: &CStr,
+        mode: u32,
+        rdev: u64,
+        want: u32,
+        flags: u32,
+        perms: &UserPerm,
+    ) -> Result<(Inode, Statx)> {
+        let mut out = std::ptr::null_mut();
+        let mut stx = Statx::default();
+        // SAFETY: mount and parent live; `name` NUL-terminated; out buffers valid.
+        let ret = unsafe {
+            sys::ceph_ll_mknod(
+                self.raw(),
+                parent.as_ptr(),
+                name.as_ptr(),
+                mode,
+                rdev,
+                &mut out,
+                &mut stx,
+                want,
+                flags,
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_mknod", ret)?;
+        // SAFETY: on success libcephfs handed us one reference.
+        let inode = unsafe { Inode::from_raw(self, "ceph_ll_mknod", out) }?;
+        Ok((inode, stx))
+    }
+
+    /// `ceph_ll_mkdir`. `mkdir(dir/.snap, NAME)` creates a snapshot.
+    pub fn mkdir(
+        &self,
+        parent: &Inode,
+        name: &CStr,
+        mode: u32,
+        want: u32,
+        flags: u32,
+        perms: &UserPerm,
+    ) -> Result<(Inode, Statx)> {
+        let mut out = std::ptr::null_mut();
+        let mut stx = Statx::default();
+        // SAFETY: mount and parent live; `name` NUL-terminated; out buffers valid.
+        let ret = unsafe {
+            sys::ceph_ll_mkdir(
+                self.raw(),
+                parent.as_ptr(),
+                name.as_ptr(),
+                mode,
+                &mut out,
+                &mut stx,
+                want,
+                flags,
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_mkdir", ret)?;
+        // SAFETY: on success libcephfs handed us one reference.
+        let inode = unsafe { Inode::from_raw(self, "ceph_ll_mkdir", out) }?;
+        Ok((inode, stx))
+    }
+
+    /// `ceph_ll_symlink`: create `name` in `parent` pointing at `target`.
+    pub fn symlink(
+        &self,
+        parent: &Inode,
+        name: &CStr,
+        target: &CStr,
+        want: u32,
+        flags: u32,
+        perms: &UserPerm,
+    ) -> Result<(Inode, Statx)> {
+        let mut out = std::ptr::null_mut();
+        let mut stx = Statx::default();
+        // SAFETY: mount and parent live; both strings NUL-terminated; out buffers valid.
+        let ret = unsafe {
+            sys::ceph_ll_symlink(
+                self.raw(),
+                parent.as_ptr(),
+                name.as_ptr(),
+                target.as_ptr(),
+                &mut out,
+                &mut stx,
+                want,
+                flags,
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_symlink", ret)?;
+        // SAFETY: on success libcephfs handed us one reference.
+        let inode = unsafe { Inode::from_raw(self, "ceph_ll_symlink", out) }?;
+        Ok((inode, stx))
+    }
+
+    /// `ceph_ll_unlink`.
+    pub fn unlink(&self, parent: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
+        // SAFETY: mount and parent live; `name` NUL-terminated.
+        let ret = unsafe {
+            sys::ceph_ll_unlink(self.raw(), parent.as_ptr(), name.as_ptr(), perms.as_ptr())
+        };
+        check("ceph_ll_unlink", ret).map(drop)
+    }
+
+    /// `ceph_ll_rmdir`. `rmdir(dir/.snap, NAME)` removes a snapshot.
+    pub fn rmdir(&self, parent: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
+        // SAFETY: mount and parent live; `name` NUL-terminated.
+        let ret = unsafe {
+            sys::ceph_ll_rmdir(self.raw(), parent.as_ptr(), name.as_ptr(), perms.as_ptr())
+        };
+        check("ceph_ll_rmdir", ret).map(drop)
+    }
+
+    /// `ceph_ll_rename` (replaces an existing target like rename(2)).
+    pub fn rename(
+        &self,
+        parent: &Inode,
+        name: &CStr,
+        newparent: &Inode,
+        newname: &CStr,
+        perms: &UserPerm,
+    ) -> Result<()> {
+        // SAFETY: mount and both parents live; names NUL-terminated.
+        let ret = unsafe {
+            sys::ceph_ll_rename(
+                self.raw(),
+                parent.as_ptr(),
+                name.as_ptr(),
+                newparent.as_ptr(),
+                newname.as_ptr(),
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_rename", ret).map(drop)
+    }
+
+    /// `ceph_ll_link` of `inode` as `newparent/name`, then its attributes (all stats,
+    /// synced: nlink changed).
+    pub fn link(
+        &self,
+        inode: &Inode,
+        newparent: &Inode,
+        name: &CStr,
+        perms: &UserPerm,
+    ) -> Result<Statx> {
+        // SAFETY: mount, inode and newparent live; `name` NUL-terminated.
+        let ret = unsafe {
+            sys::ceph_ll_link(
+                self.raw(),
+                inode.as_ptr(),
+                newparent.as_ptr(),
+                name.as_ptr(),
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_link", ret)?;
+        self.getattr(inode, CEPH_STATX_ALL_STATS, 0, perms)
+    }
+
+    /// `ceph_ll_open` with `O_*` flags (`O_CREAT` is not allowed here: use `create`).
+    pub fn open(&self, inode: &Inode, oflags: i32, perms: &UserPerm) -> Result<File> {
+        let mut fh = std::ptr::null_mut();
+        // SAFETY: mount and inode live; `fh` a valid out pointer.
+        let ret = unsafe {
+            sys::ceph_ll_open(self.raw(), inode.as_ptr(), oflags, &mut fh, perms.as_ptr())
+        };
+        check("ceph_ll_open", ret)?;
+        // SAFETY: on success we own the new Fh.
+        unsafe { File::from_raw(self, "ceph_ll_open", fh) }
+    }
+
+    /// `ceph_ll_create`: create (or, without `O_EXCL`, open) `name` in `parent` and open it.
+    #[allow(clippy::too_many_arguments)]
+    pub fn create(
+        &self,
+        parent: &Inode,
+        name: &CStr,
+        mode: u32,
+        oflags: i32,
+        want: u32,
+        flags: u32,
+        perms: &UserPerm,
+    ) -> Result<(Inode, Statx, File)> {
+        let mut out = std::ptr::null_mut();
+        let mut fh = std::ptr::null_mut();
+        let mut stx = Statx::default();
+        // SAFETY: mount and parent live; `name` NUL-terminated; out buffers valid.
+        let ret = unsafe {
+            sys::ceph_ll_create(
+                self.raw(),
+                parent.as_ptr(),
+                name.as_ptr(),
+                mode,
+                oflags,
+                &mut out,
+                &mut fh,
+                &mut stx,
+                want,
+                flags,
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_create", ret)?;
+        // SAFETY: on success we own the new Fh (taken first, so it is closed if the inode
+        // pointer were somehow null).
+        let file = unsafe { File::from_raw(self, "ceph_ll_create", fh) };
+        // SAFETY: on success libcephfs handed us one reference on `out`.
+        let inode = unsafe { Inode::from_raw(self, "ceph_ll_create", out) };
+        Ok((inode?, stx, file?))
+    }
+
+    /// `ceph_ll_opendir`.
+    pub fn opendir(&self, inode: &Inode, perms: &UserPerm) -> Result<Dir> {
+        let mut dirp = std::ptr::null_mut();
+        // SAFETY: mount and inode live; `dirp` a valid out pointer.
+        let ret =
+            unsafe { sys::ceph_ll_opendir(self.raw(), inode.as_ptr(), &mut dirp, perms.as_ptr()) };
+        check("ceph_ll_opendir", ret)?;
+        // SAFETY: on success we own the new stream.
+        unsafe { Dir::from_raw(self, "ceph_ll_opendir", dirp) }
+    }
+
+    /// `ceph_ll_statfs`. Without a running mgr the block counts are 0 on Pacific.
+    pub fn statfs(&self, inode: &Inode) -> Result<libc::statvfs> {
+        // SAFETY: statvfs is plain old data; all-zero is a valid value.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: mount and inode live; `st` a valid out buffer (64-bit layout, see layout test).
+        let ret = unsafe { sys::ceph_ll_statfs(self.raw(), inode.as_ptr(), &mut st) };
+        check("ceph_ll_statfs", ret)?;
+        Ok(st)
+    }
+
+    /// `ceph_ll_getxattr` into `buf`; returns the value's length. With an empty `buf`, only
+    /// the length is returned (size query); a too small `buf` gives ERANGE; no such
+    /// attribute gives ENODATA.
+    pub fn getxattr(
+        &self,
+        inode: &Inode,
+        name: &CStr,
+        buf: &mut [u8],
+        perms: &UserPerm,
+    ) -> Result<usize> {
+        let ptr = if buf.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            buf.as_mut_ptr()
+        };
+        // SAFETY: mount and inode live; `name` NUL-terminated; `ptr` null (size 0) or
+        // writable for `buf.len()` bytes.
+        let ret = unsafe {
+            sys::ceph_ll_getxattr(
+                self.raw(),
+                inode.as_ptr(),
+                name.as_ptr(),
+                ptr.cast(),
+                buf.len(),
+                perms.as_ptr(),
+            )
+        };
+        let n = check("ceph_ll_getxattr", ret)?;
+        Ok(usize::try_from(n).unwrap_or(0))
+    }
+
+    /// `ceph_ll_setxattr` (`flags`: 0, `XATTR_CREATE` or `XATTR_REPLACE`).
+    pub fn setxattr(
+        &self,
+        inode: &Inode,
+        name: &CStr,
+        value: &[u8],
+        flags: i32,
+        perms: &UserPerm,
+    ) -> Result<()> {
+        // SAFETY: mount and inode live; `name` NUL-terminated; `value` readable for its length.
+        let ret = unsafe {
+            sys::ceph_ll_setxattr(
+                self.raw(),
+                inode.as_ptr(),
+                name.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                flags,
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_setxattr", ret).map(drop)
+    }
+
+    /// `ceph_ll_listxattr`: NUL-separated names into `buf`; returns the list's length. With
+    /// an empty `buf`, only the length (size query); too small: ERANGE.
+    pub fn listxattr(&self, inode: &Inode, buf: &mut [u8], perms: &UserPerm) -> Result<usize> {
+        let ptr = if buf.is_empty() {
+            std::ptr::null_mut()
+        } else {
+            buf.as_mut_ptr()
+        };
+        let mut size: libc::size_t = 0;
+        // SAFETY: mount and inode live; `ptr` null (size 0) or writable for `buf.len()`
+        // bytes; `size` a valid out pointer.
+        let ret = unsafe {
+            sys::ceph_ll_listxattr(
+                self.raw(),
+                inode.as_ptr(),
+                ptr.cast(),
+                buf.len(),
+                &mut size,
+                perms.as_ptr(),
+            )
+        };
+        check("ceph_ll_listxattr", ret)?;
+        Ok(size)
+    }
+
+    /// `ceph_ll_removexattr`.
+    pub fn removexattr(&self, inode: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
+        // SAFETY: mount and inode live; `name` NUL-terminated.
+        let ret = unsafe {
+            sys::ceph_ll_removexattr(self.raw(), inode.as_ptr(), name.as_ptr(), perms.as_ptr())
+        };
+        check("ceph_ll_removexattr", ret).map(drop)
+    }
+
+    /// `ceph_ll_sync_inode`: flush one inode's dirty data (and metadata unless `datasync`).
+    pub fn sync_inode(&self, inode: &Inode, datasync: bool) -> Result<()> {
+        // SAFETY: mount and inode live.
+        let ret =
+            unsafe { sys::ceph_ll_sync_inode(self.raw(), inode.as_ptr(), i32::from(datasync)) };
+        check("ceph_ll_sync_inode", ret).map(drop)
+    }
+
+    /// `ceph_ll_snap_seq`: the snapshot sequence number of the inode's snap realm.
+    pub fn snap_seq(&self, inode: &Inode) -> u64 {
+        // SAFETY: mount and inode live.
+        unsafe { sys::ceph_ll_snap_seq(self.raw(), inode.as_ptr()) }
+    }
+}
