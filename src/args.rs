@@ -1,0 +1,229 @@
+//! Command-line types, and nothing else: clap parses them, `config.rs` validates them.
+//!
+//! The option names follow the Rust virtiofsd, so that libvirt, Kata and hand-written QEMU
+//! scripts can start ceph-virtiofsd in its place. Options of virtiofsd that mean nothing for a
+//! CephFS-backed daemon are accepted and ignored with a warning; `--shared-dir` is refused,
+//! because there is no host directory (use `--ceph-root`).
+
+use std::path::PathBuf;
+
+use clap::{ArgAction, Parser, ValueEnum};
+
+/// Guest page-cache policy, as in virtiofsd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CacheMode {
+    /// No caching in the guest: every access goes to the daemon (most coherent, slowest).
+    Never,
+    /// Cache for a short time, re-validated on open (the default).
+    Auto,
+    /// Cache for a long time (fast; only safe when no other client changes the tree).
+    Always,
+    /// Cache metadata only, not file contents.
+    Metadata,
+}
+
+/// Log verbosity.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Failures that stop an operator's request or the daemon.
+    Error,
+    /// Abnormal but handled events (malformed guest requests, ignored options).
+    Warn,
+    /// Lifecycle events: listening, connected, disconnected (the default).
+    Info,
+    /// One line per request.
+    Debug,
+    /// Everything, including the rust-vmm crates' internals.
+    Trace,
+    /// Logging disabled.
+    Off,
+}
+
+/// vhost-user virtio-fs daemon serving CephFS through libcephfs.
+///
+/// QEMU (or cloud-hypervisor, or the Kata runtime) connects to the vhost-user socket; the guest
+/// mounts the filesystem with `mount -t virtiofs TAG /mnt`. Options given on the command line
+/// override the same options in the `--config` file.
+#[derive(Parser, Debug, Default, Clone)]
+#[command(name = "ceph-virtiofsd", version, about, long_about = None)]
+#[command(
+    after_help = "Exit codes: 0 success, 1 runtime failure while serving, \
+2 usage or configuration error, 3 Ceph connection/mount failure.\n\
+RUST_LOG (tracing-subscriber EnvFilter syntax) overrides --log-level."
+)]
+pub struct Args {
+    /// TOML configuration file (see config/ceph-virtiofsd.toml); command-line options win.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    // ---- vhost-user ----
+    /// Create a vhost-user listening socket at PATH (a stale socket file is replaced).
+    #[arg(long, value_name = "PATH", conflicts_with = "fd")]
+    pub socket_path: Option<PathBuf>,
+
+    /// Serve on an already listening vhost-user socket inherited as file descriptor FD.
+    #[arg(long, value_name = "FD")]
+    pub fd: Option<i32>,
+
+    /// Mount tag exported in the virtio-fs config space (at most 36 bytes). Only needed by
+    /// frontends that read the config space from the backend (e.g. vhost-user-device).
+    #[arg(long, value_name = "TAG")]
+    pub tag: Option<String>,
+
+    /// Worker threads serving FUSE requests; 0 = serve each request inline in its queue thread.
+    #[arg(long, value_name = "N")]
+    pub thread_pool_size: Option<usize>,
+
+    /// Number of request queues offered to the guest (a hiprio queue is always added).
+    #[arg(long, value_name = "N")]
+    pub queues: Option<u16>,
+
+    /// Keep listening after the frontend disconnects, for a reconnecting frontend, instead of
+    /// exiting.
+    #[arg(long)]
+    pub keep_serving: bool,
+
+    /// Print the vhost-user capabilities JSON (read by libvirt) and exit.
+    #[arg(long)]
+    pub print_capabilities: bool,
+
+    // ---- FUSE behaviour ----
+    /// Guest caching policy.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub cache: Option<CacheMode>,
+
+    /// Enable extended attributes (the default).
+    #[arg(long, overrides_with = "no_xattr")]
+    pub xattr: bool,
+
+    /// Disable extended attributes.
+    #[arg(long)]
+    pub no_xattr: bool,
+
+    // ---- logging ----
+    /// Log level (RUST_LOG, when set, overrides it).
+    #[arg(long, value_enum, value_name = "LEVEL")]
+    pub log_level: Option<LogLevel>,
+
+    /// Log to syslog (/dev/log) instead of stderr.
+    #[arg(long)]
+    pub syslog: bool,
+
+    // ---- Ceph ----
+    /// ceph.conf to read (default: libcephfs's search path, e.g. /etc/ceph/ceph.conf).
+    #[arg(long, value_name = "FILE")]
+    pub ceph_conf: Option<PathBuf>,
+
+    /// Ceph client id, without the "client." prefix (default: admin).
+    #[arg(long, value_name = "ID")]
+    pub client_id: Option<String>,
+
+    /// Keyring file holding the client's key (default: from ceph.conf).
+    #[arg(long, value_name = "FILE")]
+    pub keyring: Option<PathBuf>,
+
+    /// CephFS file system name (default: the cluster's default file system).
+    #[arg(long, value_name = "NAME")]
+    pub fs_name: Option<String>,
+
+    /// Absolute path inside CephFS exported as the guest's root (default: /).
+    #[arg(long, value_name = "PATH")]
+    pub ceph_root: Option<String>,
+
+    /// Extra libcephfs configuration option KEY=VALUE (repeatable), e.g. client_cache_size=16384.
+    #[arg(long, value_name = "KEY=VALUE", action = ArgAction::Append)]
+    pub ceph_opt: Vec<String>,
+
+    /// Give up connecting/mounting after SECS seconds (default: 30).
+    #[arg(long, value_name = "SECS")]
+    pub mount_timeout: Option<u64>,
+
+    // ---- virtiofsd compatibility ----
+    /// Refused: there is no host directory; use --ceph-root to pick the exported CephFS path.
+    #[arg(long, value_name = "PATH", hide_short_help = true)]
+    pub shared_dir: Option<PathBuf>,
+
+    /// Ignored (virtiofsd compatibility: no host directory to sandbox).
+    #[arg(long, value_name = "MODE", hide_short_help = true)]
+    pub sandbox: Option<String>,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, value_name = "MODE", hide_short_help = true)]
+    pub seccomp: Option<String>,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub announce_submounts: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, value_name = "MODE", num_args = 0..=1, default_missing_value = "prefer",
+          hide_short_help = true)]
+    pub inode_file_handles: Option<String>,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub allow_direct_io: bool,
+
+    /// Ignored (virtiofsd compatibility; KILLPRIV_V2 is always handled).
+    #[arg(long, hide_short_help = true)]
+    pub killpriv_v2: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub no_killpriv_v2: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub posix_acl: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub security_label: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub writeback: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub no_readdirplus: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub preserve_noatime: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, hide_short_help = true)]
+    pub allow_mmap: bool,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, value_name = "GROUP", hide_short_help = true)]
+    pub socket_group: Option<String>,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, value_name = "N", hide_short_help = true)]
+    pub rlimit_nofile: Option<u64>,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, value_name = "CAPS", hide_short_help = true)]
+    pub modcaps: Option<String>,
+
+    /// Ignored (virtiofsd compatibility).
+    #[arg(long, value_name = "MAP", hide_short_help = true)]
+    pub xattrmap: Option<String>,
+
+    /// Ignored (virtiofsd compatibility: always runs in the foreground).
+    #[arg(short = 'f', hide_short_help = true)]
+    pub foreground: bool,
+
+    /// Compatibility: same as --log-level debug.
+    #[arg(short = 'd', hide_short_help = true)]
+    pub debug: bool,
+
+    /// Legacy virtiofsd options, comma separated (repeatable): cache=MODE, xattr, no_xattr and
+    /// thread_pool_size=N are honoured; source=PATH is refused (use --ceph-root); others ignored.
+    #[arg(short = 'o', value_name = "OPTS", action = ArgAction::Append, hide_short_help = true)]
+    pub legacy_opts: Vec<String>,
+}

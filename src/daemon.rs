@@ -1,0 +1,476 @@
+//! Process lifecycle: listen on the vhost-user socket (or an inherited fd), hold a pid lock next
+//! to the socket, run the vhost-user daemon, end on frontend disconnect (or wait for a new
+//! frontend with `--keep-serving`), and stop on SIGTERM/SIGINT so `main` can unmount Ceph.
+//!
+//! Control plane: a small tokio current-thread runtime in its own thread, for signals only.
+//! Data path: plain threads (vhost-user connection thread, one epoll thread per queue, workers).
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Seek, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::{AsRawFd, FromRawFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use fuse_backend_rs::api::filesystem::FileSystem;
+use tracing::{error, info, warn};
+use vhost::vhost_user::{Error as VhostUserError, Listener};
+use vhost_user_backend::{Error as DaemonLibError, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::config::{Config, Listen};
+use crate::server::ExtraOps;
+use crate::vhost_user::{BackendError, BackendOptions, VhostUserFsBackend};
+
+/// Why serving stopped with an error. Each message names the failing step.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("Cannot set up the virtio-fs device")]
+    Backend(#[source] BackendError),
+    #[error(
+        "Cannot create or lock pid file {path} (check the socket directory exists and is writable)"
+    )]
+    PidFile {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("Another ceph-virtiofsd (pid {pid}) is serving {socket}: stop it or choose another --socket-path")]
+    AlreadyRunning { socket: PathBuf, pid: String },
+    #[error("Cannot listen on vhost-user socket {path}")]
+    Listen {
+        path: PathBuf,
+        #[source]
+        source: VhostUserError,
+    },
+    #[error(
+        "--fd {fd} is not an open socket: pass the number of an inherited listening unix socket"
+    )]
+    BadFd {
+        fd: RawFd,
+        #[source]
+        source: io::Error,
+    },
+    #[error("--fd {0} was already taken by an earlier serve() in this process")]
+    FdTaken(RawFd),
+    #[error("Cannot install the SIGTERM/SIGINT handlers")]
+    Signals(#[source] io::Error),
+    #[error("Cannot start the {0} thread (raise the task limit)")]
+    Thread(&'static str, #[source] io::Error),
+    #[error("Cannot set up vhost-user state for a new frontend: {0}")]
+    CreateDaemon(String),
+    #[error("Cannot accept the vhost-user frontend connection: {0}")]
+    Accept(String),
+    #[error("vhost-user connection with the frontend failed: {0}")]
+    Connection(String),
+    #[error("The vhost-user connection thread panicked")]
+    ConnectionPanicked,
+}
+
+enum Event {
+    Signal(&'static str),
+    Finished(Result<(), DaemonError>),
+}
+
+/// Serve `fs` to one frontend (or, with `keep_serving`, to successive frontends).
+///
+/// Returns `Ok(())` when the frontend disconnected or SIGTERM/SIGINT arrived. On return no FUSE
+/// request is running and none will be dispatched; other clones of `fs` may still exist (held by
+/// idle vhost-user threads), so tear the filesystem down through `&self`, then exit.
+/// With `Listen::Fd`, this takes ownership of that descriptor: call it at most once per process.
+pub fn serve<F>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError>
+where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+{
+    let backend = VhostUserFsBackend::new(
+        fs,
+        &BackendOptions {
+            tag: config.tag.clone(),
+            request_queues: config.queues,
+            thread_pool_size: config.thread_pool_size,
+        },
+    )
+    .map_err(DaemonError::Backend)?;
+
+    // Signal handlers first: once the socket exists, SIGTERM is already ours.
+    let (events, receiver) = mpsc::channel();
+    let signals = SignalThread::start(events.clone())?;
+    let (listener, pid_lock) = match open_listener(&config.listen) {
+        Ok(opened) => opened,
+        Err(e) => {
+            signals.stop();
+            return Err(e);
+        }
+    };
+
+    let conn_backend = backend.clone();
+    let keep_serving = config.keep_serving;
+    let conn = std::thread::Builder::new()
+        .name("vhost-user".to_owned())
+        .spawn(move || {
+            let result = connection_loop(listener, &conn_backend, keep_serving);
+            let _ = events.send(Event::Finished(result));
+        })
+        .map_err(|e| DaemonError::Thread("vhost-user connection", e))?;
+
+    let result = match receiver.recv() {
+        Ok(Event::Signal(name)) => {
+            info!("Received {name}: stopping");
+            Ok(())
+        }
+        Ok(Event::Finished(result)) => result,
+        Err(mpsc::RecvError) => Err(DaemonError::ConnectionPanicked),
+    };
+    backend.close_and_drain();
+    signals.stop();
+    if conn.is_finished() && conn.join().is_err() {
+        error!("The vhost-user connection thread panicked");
+    }
+    // If we stop on a signal the connection thread still owns the listener: remove the socket
+    // file ourselves so the next start does not find a stale one.
+    if let Listen::SocketPath(path) = &config.listen {
+        let _ = std::fs::remove_file(path);
+    }
+    drop(pid_lock);
+    result
+}
+
+fn connection_loop<F>(
+    mut listener: Listener,
+    backend: &VhostUserFsBackend<F>,
+    keep_serving: bool,
+) -> Result<(), DaemonError>
+where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+{
+    loop {
+        backend.reset_connection();
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mut daemon = VhostUserDaemon::new("ceph-virtiofsd".to_owned(), backend.clone(), mem)
+            .map_err(|e| DaemonError::CreateDaemon(e.to_string()))?;
+        daemon
+            .start(&mut listener)
+            .map_err(|e| DaemonError::Accept(e.to_string()))?;
+        info!("vhost-user frontend connected");
+        let result = daemon.wait();
+        for handler in daemon.get_epoll_handlers() {
+            handler.send_exit_event();
+        }
+        match result {
+            Ok(())
+            | Err(DaemonLibError::HandleRequest(
+                VhostUserError::Disconnected | VhostUserError::PartialMessage,
+            )) => info!("vhost-user frontend disconnected"),
+            Err(e) if keep_serving => warn!(error = %e, "vhost-user connection failed"),
+            Err(e) => return Err(DaemonError::Connection(e.to_string())),
+        }
+        if !keep_serving {
+            return Ok(());
+        }
+        info!("--keep-serving: waiting for the frontend to reconnect");
+    }
+}
+
+static FD_TAKEN: AtomicBool = AtomicBool::new(false);
+
+fn open_listener(listen: &Listen) -> Result<(Listener, Option<PidLock>), DaemonError> {
+    match listen {
+        Listen::SocketPath(path) => {
+            let lock = PidLock::acquire(path)?;
+            // We hold the lock, so an existing socket file is stale: Listener::new unlinks it.
+            let listener = Listener::new(path, true).map_err(|source| DaemonError::Listen {
+                path: path.clone(),
+                source,
+            })?;
+            info!(socket = %path.display(), "Listening for the vhost-user frontend");
+            Ok((listener, Some(lock)))
+        }
+        Listen::Fd(fd) => {
+            let fd = *fd;
+            check_socket_fd(fd)?;
+            if FD_TAKEN.swap(true, Ordering::AcqRel) {
+                return Err(DaemonError::FdTaken(fd));
+            }
+            // SAFETY: from_raw_fd requires an open descriptor that nothing else owns. It is open
+            // and a socket (checked by fstat just above); it was handed to this process by the
+            // parent for exactly this use, and FD_TAKEN guarantees we wrap it only once.
+            let listener = unsafe { Listener::from_raw_fd(fd) };
+            info!(
+                fd,
+                "Listening for the vhost-user frontend on an inherited socket"
+            );
+            Ok((listener, None))
+        }
+    }
+}
+
+fn check_socket_fd(fd: RawFd) -> Result<(), DaemonError> {
+    let mut stat = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes at most one `struct stat` into the pointer, which points to a
+    // properly sized and aligned MaybeUninit<stat> that lives across the call. An invalid fd
+    // only makes fstat fail with EBADF.
+    let rc = unsafe { libc::fstat(fd, stat.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(DaemonError::BadFd {
+            fd,
+            source: io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: fstat returned 0, so it initialised the whole struct.
+    let stat = unsafe { stat.assume_init() };
+    if stat.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+        return Err(DaemonError::BadFd {
+            fd,
+            source: io::Error::from_raw_os_error(libc::ENOTSOCK),
+        });
+    }
+    Ok(())
+}
+
+/// `SOCKET.pid`, locked with flock for as long as we serve; removed on drop.
+#[derive(Debug)]
+struct PidLock {
+    path: PathBuf,
+    _file: File,
+}
+
+fn pid_path(socket: &Path) -> PathBuf {
+    let mut s = socket.as_os_str().to_owned();
+    s.push(".pid");
+    PathBuf::from(s)
+}
+
+impl PidLock {
+    fn acquire(socket: &Path) -> Result<Self, DaemonError> {
+        let path = pid_path(socket);
+        let pid_err = |source| DaemonError::PidFile {
+            path: path.clone(),
+            source,
+        };
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(&path)
+            .map_err(pid_err)?;
+        // SAFETY: flock only needs an open descriptor; `file` is open and outlives the call.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc != 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                let mut pid = String::new();
+                let _ = file.read_to_string(&mut pid);
+                let pid = pid.trim();
+                return Err(DaemonError::AlreadyRunning {
+                    socket: socket.to_owned(),
+                    pid: if pid.is_empty() {
+                        "unknown".to_owned()
+                    } else {
+                        pid.to_owned()
+                    },
+                });
+            }
+            return Err(pid_err(err));
+        }
+        file.set_len(0).map_err(pid_err)?;
+        file.rewind().map_err(pid_err)?;
+        writeln!(file, "{}", std::process::id()).map_err(pid_err)?;
+        // A socket path that exists but is not a socket is an operator mistake, not staleness.
+        if let Ok(meta) = std::fs::symlink_metadata(socket) {
+            if !meta.file_type().is_socket() {
+                let _ = std::fs::remove_file(&path);
+                return Err(DaemonError::Listen {
+                    path: socket.to_owned(),
+                    source: VhostUserError::SocketError(io::Error::from_raw_os_error(libc::EEXIST)),
+                });
+            }
+        }
+        Ok(PidLock { path, _file: file })
+    }
+}
+
+impl Drop for PidLock {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// The control-plane thread: a tokio current-thread runtime waiting for SIGTERM/SIGINT.
+struct SignalThread {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl SignalThread {
+    fn start(events: mpsc::Sender<Event>) -> Result<Self, DaemonError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(DaemonError::Signals)?;
+        // Register the handlers now, so a signal arriving right after start is not lost.
+        let (mut term, mut int) = runtime
+            .block_on(async {
+                Ok::<_, io::Error>((
+                    signal(SignalKind::terminate())?,
+                    signal(SignalKind::interrupt())?,
+                ))
+            })
+            .map_err(DaemonError::Signals)?;
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let handle = std::thread::Builder::new()
+            .name("control".to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let name = tokio::select! {
+                        _ = term.recv() => "SIGTERM",
+                        _ = int.recv() => "SIGINT",
+                        _ = &mut stopped => return,
+                    };
+                    let _ = events.send(Event::Signal(name));
+                });
+            })
+            .map_err(|e| DaemonError::Thread("control", e))?;
+        Ok(SignalThread {
+            stop: Some(stop),
+            handle: Some(handle),
+        })
+    }
+
+    fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(handle) = self.handle.take() {
+            if handle.join().is_err() {
+                error!("The control thread panicked");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pid_lock_excludes_a_second_daemon() {
+        let dir = std::env::temp_dir().join(format!("cvfs-pidlock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let socket = dir.join("vm.sock");
+        let first = PidLock::acquire(&socket).unwrap_or_else(|e| panic!("{e}"));
+        let pid_file = pid_path(&socket);
+        let content = std::fs::read_to_string(&pid_file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(content.trim(), std::process::id().to_string());
+        match PidLock::acquire(&socket) {
+            Err(DaemonError::AlreadyRunning { pid, .. }) => {
+                assert_eq!(pid, std::process::id().to_string())
+            }
+            other => panic!("expected AlreadyRunning, got {other:?}"),
+        }
+        drop(first);
+        assert!(!pid_file.exists());
+        let again = PidLock::acquire(&socket);
+        assert!(again.is_ok());
+        drop(again);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn test_config(socket: &Path, keep_serving: bool) -> Config {
+        let args = crate::args::Args {
+            socket_path: Some(socket.to_owned()),
+            thread_pool_size: Some(1),
+            keep_serving,
+            ..Default::default()
+        };
+        Config::try_from(args).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn wait_for_socket(path: &Path) {
+        for _ in 0..1000 {
+            if path.exists() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("daemon never created {}", path.display());
+    }
+
+    /// Talk vhost-user to the daemon like QEMU does at startup, then hang up.
+    fn handshake(socket: &Path) {
+        use vhost::vhost_user::{Frontend, VhostUserFrontend, VhostUserProtocolFeatures};
+        use vhost::VhostBackend;
+        let mut frontend = Frontend::connect(socket, 2).unwrap_or_else(|e| panic!("{e}"));
+        frontend.set_owner().unwrap_or_else(|e| panic!("{e}"));
+        let features = frontend.get_features().unwrap_or_else(|e| panic!("{e}"));
+        frontend
+            .set_features(features)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let protocol = frontend
+            .get_protocol_features()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(protocol.contains(VhostUserProtocolFeatures::MQ));
+        frontend
+            .set_protocol_features(protocol)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            frontend.get_queue_num().unwrap_or_else(|e| panic!("{e}")),
+            2
+        );
+    }
+
+    /// One test, because SIGTERM reaches every serve() running in this process.
+    #[test]
+    fn serves_frontends_and_stops_on_disconnect_or_sigterm() {
+        use crate::vhost_user::tests::TestFs;
+        let dir = std::env::temp_dir().join(format!("cvfs-serve-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+
+        // 1. Without --keep-serving, a frontend hanging up ends serve() with Ok.
+        let socket = dir.join("once.sock");
+        let config = test_config(&socket, false);
+        let server = std::thread::spawn(move || serve(&config, Arc::new(TestFs::default())));
+        wait_for_socket(&socket);
+        handshake(&socket);
+        let result = server.join().unwrap_or_else(|_| panic!("serve panicked"));
+        assert!(result.is_ok(), "{result:?}");
+        assert!(!socket.exists(), "socket file left behind");
+        assert!(!pid_path(&socket).exists(), "pid file left behind");
+
+        // 2. With --keep-serving, a second frontend can connect; SIGTERM then ends serve().
+        let socket = dir.join("keep.sock");
+        let config = test_config(&socket, true);
+        let server = std::thread::spawn(move || serve(&config, Arc::new(TestFs::default())));
+        wait_for_socket(&socket);
+        handshake(&socket);
+        handshake(&socket);
+        // SAFETY: kill has no memory preconditions; we signal our own pid, whose SIGTERM is
+        // handled by serve()'s control thread (installed before the socket appeared).
+        let rc = unsafe { libc::kill(libc::getpid(), libc::SIGTERM) };
+        assert_eq!(rc, 0);
+        let result = server.join().unwrap_or_else(|_| panic!("serve panicked"));
+        assert!(result.is_ok(), "{result:?}");
+        assert!(!socket.exists(), "socket file left behind");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn fd_must_be_a_socket() {
+        let file = File::open("/dev/null").unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            check_socket_fd(file.as_raw_fd()),
+            Err(DaemonError::BadFd { .. })
+        ));
+        let sock = std::os::unix::net::UnixDatagram::unbound().unwrap_or_else(|e| panic!("{e}"));
+        assert!(check_socket_fd(sock.as_raw_fd()).is_ok());
+        assert!(matches!(
+            check_socket_fd(987_654),
+            Err(DaemonError::BadFd { .. })
+        ));
+    }
+}

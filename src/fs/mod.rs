@@ -1,0 +1,1550 @@
+//! The filesystem: FUSE requests served by calling CephFS through libcephfs.
+//!
+//! This layer knows nothing of virtio or vhost-user: it implements fuse-backend-rs's
+//! `FileSystem` trait (plus [`crate::server::ExtraOps`] for the opcodes fuse-backend-rs does not
+//! dispatch) over the `ceph-client` crate. Node ids and handles are ours ([`nodes`],
+//! [`handles`]); credentials come from the request ([`perms`]); how long the guest may cache what
+//! we return is [`policy`]'s decision; the SB_NOSEC contract is [`killpriv`]'s.
+//!
+//! Everything here treats the guest as untrusted: every node id and handle is looked up (unknown
+//! → EBADF/ENOENT-class errno, never a dereference), names are checked before they reach
+//! libcephfs, offsets and lengths are checked against i64, and every error keeps its raw errno.
+
+pub mod handles;
+pub mod killpriv;
+pub mod names;
+pub mod nodes;
+pub mod perms;
+pub mod policy;
+
+use std::ffi::{CStr, CString};
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ceph_client::{
+    Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_CTIME, CEPH_SETATTR_GID,
+    CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME, CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR,
+    CEPH_STATX_BASIC_STATS, CEPH_STATX_MODE,
+};
+use fuse_backend_rs::abi::fuse_abi::{
+    stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, FOPEN_IN_KILL_SUIDGID,
+    LK_FLOCK, WRITE_KILL_PRIV,
+};
+use fuse_backend_rs::api::filesystem::{
+    Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
+    ZeroCopyWriter,
+};
+use fuse_backend_rs::file_buf::FileVolatileSlice;
+use fuse_backend_rs::file_traits::FileReadWriteVolatile;
+
+use handles::HandleTable;
+use killpriv::{Kill, Trigger};
+use names::{Use, XattrAccess};
+use nodes::{NewNode, NodeTable, Vino, ROOT_ID};
+use perms::PermCache;
+use policy::{CachePolicy, NodeClass};
+
+pub use policy::CacheMode;
+
+/// The largest xattr value Linux lets through (XATTR_SIZE_MAX).
+const XATTR_SIZE_MAX: usize = 65536;
+/// The longest symlink target (PATH_MAX).
+const PATH_MAX: usize = 4096;
+/// Chunk of a server-side copy.
+const COPY_CHUNK: usize = 1 << 20;
+
+/// The attributes every reply carries.
+const WANT: u32 = CEPH_STATX_BASIC_STATS;
+
+type Node = nodes::Node<Inode>;
+
+/// What an open handle stands for.
+#[derive(Debug)]
+pub enum Handle {
+    File(OpenFile),
+    Dir(Mutex<DirStream>),
+}
+
+#[derive(Debug)]
+pub struct OpenFile {
+    file: File,
+    /// POSIX locks were taken through this handle: FLUSH must release the owner's locks.
+    locked: AtomicBool,
+}
+
+#[derive(Debug)]
+pub struct DirStream {
+    dir: Dir,
+    /// Offset of the next entry (what telldir returns), 0 at the start.
+    pos: u64,
+}
+
+/// Filesystem options, derived from the daemon's configuration.
+#[derive(Clone, Debug)]
+pub struct FsConfig {
+    pub cache: CacheMode,
+    /// TTL of the `auto` cache mode.
+    pub auto_ttl: Duration,
+    /// Upper bound for entry/attr TTLs of inodes whose access can be revoked (quarantine).
+    pub revocable_ttl: Duration,
+    /// Offer FUSE_HANDLE_KILLPRIV_V2 (lets the guest set SB_NOSEC).
+    pub killpriv_v2: bool,
+    /// Serve xattrs at all.
+    pub xattr: bool,
+    /// Let guests set/remove `ceph.*` virtual xattrs (layouts, quotas).
+    pub allow_ceph_xattr_set: bool,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        FsConfig {
+            cache: CacheMode::Auto,
+            auto_ttl: policy::AUTO_TTL,
+            revocable_ttl: Duration::from_secs(1),
+            killpriv_v2: true,
+            xattr: true,
+            allow_ceph_xattr_set: false,
+        }
+    }
+}
+
+/// CephFS served as a FUSE filesystem.
+#[derive(Debug)]
+pub struct CephFs {
+    mount: Mount,
+    nodes: NodeTable<Inode>,
+    handles: HandleTable<Handle>,
+    perms: PermCache,
+    policy: CachePolicy,
+    cfg: FsConfig,
+    /// HANDLE_KILLPRIV_V2 was negotiated with the guest.
+    killpriv: AtomicBool,
+}
+
+fn errno(e: i32) -> io::Error {
+    io::Error::from_raw_os_error(e)
+}
+
+fn ebadf() -> io::Error {
+    errno(libc::EBADF)
+}
+
+/// An offset the guest sent, as libcephfs's signed offset.
+fn to_off(off: u64) -> io::Result<i64> {
+    i64::try_from(off).map_err(|_| errno(libc::EINVAL))
+}
+
+/// An offset + length range that must stay within i64.
+fn range(off: u64, len: u64) -> io::Result<(i64, i64)> {
+    let end = off.checked_add(len).ok_or_else(|| errno(libc::EFBIG))?;
+    if end > i64::MAX as u64 {
+        return Err(errno(libc::EFBIG));
+    }
+    Ok((to_off(off)?, to_off(len)?))
+}
+
+fn timespec_to(t: &ceph_client::Timespec) -> (i64, i64) {
+    (t.tv_sec, t.tv_nsec)
+}
+
+/// A libcephfs statx as the stat64 the guest gets.
+pub fn to_stat(st: &Statx) -> stat64 {
+    // SAFETY: stat64 is a plain C struct of integers (with private padding fields, which is why
+    // it cannot be built field by field); the all-zero bit pattern is a valid value for it.
+    let mut s: stat64 = unsafe { std::mem::zeroed() };
+    s.st_ino = st.stx_ino;
+    s.st_nlink = u64::from(st.stx_nlink);
+    s.st_mode = u32::from(st.stx_mode);
+    s.st_uid = st.stx_uid;
+    s.st_gid = st.stx_gid;
+    s.st_rdev = st.stx_rdev;
+    s.st_size = i64::try_from(st.stx_size).unwrap_or(i64::MAX);
+    s.st_blksize = i64::from(st.stx_blksize);
+    s.st_blocks = i64::try_from(st.stx_blocks).unwrap_or(i64::MAX);
+    (s.st_atime, s.st_atime_nsec) = timespec_to(&st.stx_atime);
+    (s.st_mtime, s.st_mtime_nsec) = timespec_to(&st.stx_mtime);
+    (s.st_ctime, s.st_ctime_nsec) = timespec_to(&st.stx_ctime);
+    s
+}
+
+/// The wall clock as a CephFS timestamp.
+fn now() -> ceph_client::Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    ceph_client::Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
+}
+
+fn vino_of(st: &Statx) -> Vino {
+    Vino {
+        ino: st.stx_ino,
+        snapid: st.snapid(),
+    }
+}
+
+fn kind_of(st: &Statx) -> u32 {
+    u32::from(st.stx_mode) & libc::S_IFMT
+}
+
+impl CephFs {
+    /// Serve the mount's root (the exported subtree) as the FUSE root.
+    pub fn new(mount: Mount, cfg: FsConfig) -> io::Result<Self> {
+        let root = mount.lookup_root()?;
+        let perms = PermCache::default();
+        let st = mount.getattr(&root, WANT, 0, &perms.get(0, 0))?;
+        let nodes = NodeTable::new(NewNode {
+            vino: vino_of(&st),
+            kind: kind_of(&st),
+            domain: 0,
+            inode: root,
+        });
+        Ok(CephFs {
+            mount,
+            nodes,
+            handles: HandleTable::default(),
+            perms,
+            policy: CachePolicy::new(cfg.cache, cfg.auto_ttl, cfg.revocable_ttl),
+            cfg,
+            killpriv: AtomicBool::new(false),
+        })
+    }
+
+    /// Node table size (for metrics and tests).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Handle table size (for metrics and tests).
+    pub fn handle_count(&self) -> usize {
+        self.handles.len()
+    }
+
+    pub fn mount(&self) -> &Mount {
+        &self.mount
+    }
+
+    /// End of service: close every handle, drop every node, and unmount, so the MDS session
+    /// ends cleanly (dirty data flushed, caps returned) even while idle worker threads still
+    /// hold the filesystem. No request may run concurrently or afterwards.
+    pub fn shutdown(&self) -> io::Result<()> {
+        self.handles.clear();
+        self.nodes.clear();
+        Ok(self.mount.shutdown()?)
+    }
+
+    fn node(&self, id: u64) -> io::Result<Arc<Node>> {
+        // An id the guest never got (or already forgot) is a stale handle, not a dereference.
+        self.nodes.get(id).ok_or_else(|| errno(libc::ESTALE))
+    }
+
+    fn perm(&self, ctx: &Context) -> Arc<ceph_client::UserPerm> {
+        self.perms.get(ctx.uid, ctx.gid)
+    }
+
+    fn class(&self, node: &Node) -> NodeClass {
+        let snap = node.vino.snapid;
+        NodeClass {
+            in_snapshot: snap != nodes::NOSNAP && snap != CEPH_SNAPDIR,
+            revocable: node.domain != 0,
+        }
+    }
+
+    /// Enter a looked-up inode and build the reply entry (one lookup count for the kernel).
+    fn entry(&self, parent: &Node, inode: Inode, st: &Statx) -> Entry {
+        let node = self.nodes.insert(NewNode {
+            vino: vino_of(st),
+            kind: kind_of(st),
+            domain: parent.domain,
+            inode,
+        });
+        self.entry_for(&node, st)
+    }
+
+    fn entry_for(&self, node: &Node, st: &Statx) -> Entry {
+        let ttl = self.policy.ttl(self.class(node));
+        Entry {
+            inode: node.id,
+            generation: 0,
+            attr: to_stat(st),
+            attr_flags: 0,
+            attr_timeout: ttl.attr,
+            entry_timeout: ttl.entry,
+        }
+    }
+
+    fn file(&self, node: u64, fh: u64) -> io::Result<Arc<handles::Entry<Handle>>> {
+        let h = self.handles.get(node, fh).map_err(errno)?;
+        match h.handle {
+            Handle::File(_) => Ok(h),
+            Handle::Dir(_) => Err(errno(libc::EISDIR)),
+        }
+    }
+
+    fn killpriv_on(&self) -> bool {
+        self.killpriv.load(Ordering::Relaxed)
+    }
+
+    /// Whether the inode carries `security.capability`. libcephfs answers from its xattr cache
+    /// while it holds the Xs cap, so this is normally no MDS request.
+    fn has_caps(&self, node: &Node, perm: &ceph_client::UserPerm) -> bool {
+        let name = c"security.capability";
+        match self.mount.getxattr(&node.inode, name, &mut [], perm) {
+            Ok(_) => true,
+            Err(e) => e.errno() != libc::ENODATA,
+        }
+    }
+
+    /// Clear what `kill` says, as the root of the filesystem would (the guest already decided the
+    /// caller may do the operation that triggers it).
+    fn apply_kill(&self, node: &Node, kill: Kill) -> io::Result<()> {
+        let root = self.perms.get(0, 0);
+        if let Some(mode) = kill.new_mode {
+            let st = Statx {
+                stx_mode: (mode & 0o7777) as u16,
+                ..Default::default()
+            };
+            self.mount
+                .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?;
+        }
+        if kill.remove_caps {
+            match self
+                .mount
+                .removexattr(&node.inode, c"security.capability", &root)
+            {
+                Ok(()) => {}
+                Err(e) if e.errno() == libc::ENODATA => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Decide and apply privilege removal for a write-like operation. Costs one cached getattr
+    /// and one cached getxattr when there is nothing to kill.
+    fn kill_privs(
+        &self,
+        node: &Node,
+        trigger: Trigger,
+        flagged: bool,
+        perm: &ceph_client::UserPerm,
+    ) -> io::Result<()> {
+        if !self.killpriv_on() || node.is_dir() {
+            return Ok(());
+        }
+        let st = self.mount.getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?;
+        let kill = killpriv::decide(
+            trigger,
+            u32::from(st.stx_mode),
+            false,
+            flagged,
+            self.has_caps(node, perm),
+        );
+        if kill.is_empty() {
+            return Ok(());
+        }
+        self.apply_kill(node, kill)
+    }
+
+    fn lookup_name(&self, parent: &Arc<Node>, name: &CStr, ctx: &Context) -> io::Result<Entry> {
+        let perm = self.perm(ctx);
+        let bytes = name.to_bytes();
+        // "." and ".." at the export root must not leave the export.
+        if bytes == b"." || (bytes == b".." && parent.id == ROOT_ID) {
+            let st = self.mount.getattr(&parent.inode, WANT, 0, &perm)?;
+            let same = parent.inode.try_clone()?;
+            return Ok(self.entry(parent, same, &st));
+        }
+        let (inode, st) = self.mount.lookup(&parent.inode, name, WANT, 0, &perm)?;
+        Ok(self.entry(parent, inode, &st))
+    }
+
+    fn open_options(&self, node: &Node, flags: u32) -> OpenOptions {
+        let class = self.class(node);
+        let mut o = OpenOptions::empty();
+        if self.policy.direct_io(class) || flags & libc::O_DIRECT as u32 != 0 {
+            o |= OpenOptions::DIRECT_IO;
+        }
+        if self.policy.keep_cache(class) {
+            o |= OpenOptions::KEEP_CACHE;
+        }
+        o
+    }
+
+    /// Read the whole (filtered) xattr name list.
+    fn xattr_list(&self, node: &Node, perm: &ceph_client::UserPerm) -> io::Result<Vec<u8>> {
+        loop {
+            let size = self.mount.listxattr(&node.inode, &mut [], perm)?;
+            let mut buf = vec![0u8; size];
+            match self.mount.listxattr(&node.inode, &mut buf, perm) {
+                Ok(n) => {
+                    buf.truncate(n);
+                    names::filter_xattr_list(&mut buf);
+                    return Ok(buf);
+                }
+                // The list grew between the two calls: ask again.
+                Err(e) if e.errno() == libc::ERANGE => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn read_dir(
+        &self,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry, Option<Entry>) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        let node = self.node(inode)?;
+        let h = self.handles.get(inode, handle).map_err(errno)?;
+        let Handle::Dir(stream) = &h.handle else {
+            return Err(errno(libc::ENOTDIR));
+        };
+        let mut s = stream.lock().unwrap_or_else(|e| e.into_inner());
+        if offset != s.pos {
+            if offset == 0 {
+                s.dir.rewinddir();
+            } else {
+                s.dir.seekdir(to_off(offset)?);
+            }
+            s.pos = offset;
+        }
+        loop {
+            let before = s.dir.telldir();
+            let Some(de) = s.dir.readdirplus(WANT, 0, plus)? else {
+                break;
+            };
+            let next = u64::try_from(de.offset).unwrap_or(0);
+            let dot = names::is_dot_or_dotdot(&de.name[..]);
+            let dirent = DirEntry {
+                ino: de.statx.stx_ino,
+                offset: next,
+                type_: u32::from(de.d_type),
+                name: &de.name[..],
+            };
+            let mut took = None;
+            let entry = match (plus, dot, de.inode) {
+                (false, _, _) => None,
+                // "." and ".." carry no node: the kernel does not instantiate them, and ".." of
+                // the export root lies outside the export.
+                (true, true, _) | (true, false, None) => Some(Entry {
+                    inode: 0,
+                    generation: 0,
+                    attr: to_stat(&de.statx),
+                    attr_flags: 0,
+                    attr_timeout: Duration::ZERO,
+                    entry_timeout: Duration::ZERO,
+                }),
+                (true, false, Some(inode)) => {
+                    let e = self.entry(&node, inode, &de.statx);
+                    took = Some(e.inode);
+                    Some(e)
+                }
+            };
+            if add(dirent, entry)? == 0 {
+                // The reply buffer is full: the kernel did not take this entry, so neither its
+                // lookup count nor its position.
+                if let Some(id) = took {
+                    self.nodes.forget(id, 1);
+                }
+                s.dir.seekdir(before);
+                break;
+            }
+            s.pos = next;
+        }
+        Ok(())
+    }
+}
+
+/// A libcephfs file seen as a fuse-backend-rs zero-copy source/sink: READ and WRITE move data
+/// between guest memory and libcephfs with one readv/writev and no bounce buffer.
+struct CephIo<'a>(&'a File);
+
+impl CephIo<'_> {
+    fn iovecs(bufs: &[FileVolatileSlice]) -> Vec<libc::iovec> {
+        bufs.iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect()
+    }
+}
+
+impl FileReadWriteVolatile for CephIo<'_> {
+    fn read_volatile(&mut self, _slice: FileVolatileSlice) -> io::Result<usize> {
+        Err(errno(libc::ESPIPE))
+    }
+    fn write_volatile(&mut self, _slice: FileVolatileSlice) -> io::Result<usize> {
+        Err(errno(libc::ESPIPE))
+    }
+    fn read_at_volatile(&mut self, slice: FileVolatileSlice, off: u64) -> io::Result<usize> {
+        self.read_vectored_at_volatile(&[slice], off)
+    }
+    fn write_at_volatile(&mut self, slice: FileVolatileSlice, off: u64) -> io::Result<usize> {
+        self.write_vectored_at_volatile(&[slice], off)
+    }
+    fn read_vectored_at_volatile(
+        &mut self,
+        bufs: &[FileVolatileSlice],
+        off: u64,
+    ) -> io::Result<usize> {
+        let iov = Self::iovecs(bufs);
+        // SAFETY: each iovec describes a FileVolatileSlice of guest memory that fuse-backend-rs
+        // validated against the descriptor chain and keeps mapped for the duration of this call;
+        // libcephfs writes at most iov_len bytes into each and keeps no pointer after returning.
+        let n = unsafe { self.0.readv_raw(iov.as_ptr(), iov.len(), to_off(off)?) }?;
+        Ok(n)
+    }
+    fn write_vectored_at_volatile(
+        &mut self,
+        bufs: &[FileVolatileSlice],
+        off: u64,
+    ) -> io::Result<usize> {
+        let iov = Self::iovecs(bufs);
+        // SAFETY: as above; libcephfs only reads the described guest memory during the call.
+        let n = unsafe { self.0.writev_raw(iov.as_ptr(), iov.len(), to_off(off)?) }?;
+        Ok(n)
+    }
+}
+
+impl FileSystem for CephFs {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
+        let mut want = FsOptions::ASYNC_READ
+            | FsOptions::PARALLEL_DIROPS
+            | FsOptions::BIG_WRITES
+            | FsOptions::MAX_PAGES
+            | FsOptions::ATOMIC_O_TRUNC
+            | FsOptions::EXPORT_SUPPORT
+            | FsOptions::POSIX_LOCKS
+            | FsOptions::FLOCK_LOCKS
+            | FsOptions::DO_READDIRPLUS
+            | FsOptions::READDIRPLUS_AUTO
+            | FsOptions::ASYNC_DIO
+            | FsOptions::CACHE_SYMLINKS;
+        if self.cfg.cache == CacheMode::Auto {
+            want |= FsOptions::AUTO_INVAL_DATA;
+        }
+        if self.cfg.killpriv_v2 {
+            want |= FsOptions::HANDLE_KILLPRIV_V2;
+        }
+        let on = self.cfg.killpriv_v2 && capable.contains(FsOptions::HANDLE_KILLPRIV_V2);
+        self.killpriv.store(on, Ordering::Relaxed);
+        tracing::info!(killpriv_v2 = on, cache = %self.cfg.cache, "FUSE session starts");
+        Ok(want)
+    }
+
+    fn destroy(&self) {
+        self.handles.clear();
+        self.nodes.clear();
+    }
+
+    fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        names::check_name(name, Use::Lookup).map_err(errno)?;
+        let parent = self.node(parent)?;
+        match self.lookup_name(&parent, name, ctx) {
+            // A negative entry lets the guest cache "not there" for as long as a positive one.
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOENT) && self.cfg.cache != CacheMode::Never =>
+            {
+                Ok(Entry {
+                    inode: 0,
+                    generation: 0,
+                    attr: to_stat(&Statx::default()),
+                    attr_flags: 0,
+                    attr_timeout: Duration::ZERO,
+                    entry_timeout: self.policy.ttl(self.class(&parent)).entry,
+                })
+            }
+            r => r,
+        }
+    }
+
+    fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
+        self.nodes.forget(inode, count);
+    }
+
+    fn batch_forget(&self, _ctx: &Context, requests: Vec<(u64, u64)>) {
+        for (inode, count) in requests {
+            self.nodes.forget(inode, count);
+        }
+    }
+
+    fn getattr(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        _handle: Option<u64>,
+    ) -> io::Result<(stat64, Duration)> {
+        let node = self.node(inode)?;
+        let st = self.mount.getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
+        Ok((to_stat(&st), self.policy.ttl(self.class(&node)).attr))
+    }
+
+    fn setattr(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        attr: stat64,
+        handle: Option<u64>,
+        valid: SetattrValid,
+    ) -> io::Result<(stat64, Duration)> {
+        let node = self.node(inode)?;
+        if let Some(fh) = handle {
+            // A handle, when given, must be one of ours for this node.
+            self.handles.get(inode, fh).map_err(errno)?;
+        }
+        let perm = self.perm(ctx);
+        let mut st = Statx::default();
+        let mut mask = 0;
+        if valid.contains(SetattrValid::MODE) {
+            mask |= CEPH_SETATTR_MODE;
+            st.stx_mode = (attr.st_mode & 0o7777) as u16;
+        }
+        if valid.contains(SetattrValid::UID) {
+            mask |= CEPH_SETATTR_UID;
+            st.stx_uid = attr.st_uid;
+        }
+        if valid.contains(SetattrValid::GID) {
+            mask |= CEPH_SETATTR_GID;
+            st.stx_gid = attr.st_gid;
+        }
+        if valid.contains(SetattrValid::SIZE) {
+            mask |= CEPH_SETATTR_SIZE;
+            st.stx_size = u64::try_from(attr.st_size).map_err(|_| errno(libc::EINVAL))?;
+        }
+        // libcephfs (Pacific) ignores the *_NOW bits of ll_setattr: "now" is taken here.
+        let now = now();
+        if valid.contains(SetattrValid::ATIME_NOW) {
+            mask |= CEPH_SETATTR_ATIME;
+            st.stx_atime = now;
+        } else if valid.contains(SetattrValid::ATIME) {
+            mask |= CEPH_SETATTR_ATIME;
+            st.stx_atime = ceph_client::Timespec {
+                tv_sec: attr.st_atime,
+                tv_nsec: attr.st_atime_nsec,
+            };
+        }
+        if valid.contains(SetattrValid::MTIME_NOW) {
+            mask |= CEPH_SETATTR_MTIME;
+            st.stx_mtime = now;
+        } else if valid.contains(SetattrValid::MTIME) {
+            mask |= CEPH_SETATTR_MTIME;
+            st.stx_mtime = ceph_client::Timespec {
+                tv_sec: attr.st_mtime,
+                tv_nsec: attr.st_mtime_nsec,
+            };
+        }
+        if valid.contains(SetattrValid::CTIME) {
+            mask |= CEPH_SETATTR_CTIME;
+            st.stx_ctime = ceph_client::Timespec {
+                tv_sec: attr.st_ctime,
+                tv_nsec: attr.st_ctime_nsec,
+            };
+        }
+
+        // SB_NOSEC contract: clear setuid/setgid in the same setattr when the guest flagged it
+        // (and did not set the mode explicitly), and drop security.capability on size or owner
+        // changes.
+        let mut remove_caps = false;
+        if self.killpriv_on() && !node.is_dir() {
+            let size_or_owner =
+                mask & (CEPH_SETATTR_SIZE | CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
+            let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
+            if size_or_owner || flagged {
+                let cur = self.mount.getattr(&node.inode, CEPH_STATX_MODE, 0, &perm)?;
+                let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
+                    Trigger::Truncate
+                } else {
+                    Trigger::Chown
+                };
+                let kill = killpriv::decide(
+                    trigger,
+                    u32::from(cur.stx_mode),
+                    false,
+                    flagged && mask & CEPH_SETATTR_MODE == 0,
+                    size_or_owner && self.has_caps(&node, &perm),
+                );
+                if let Some(m) = kill.new_mode {
+                    mask |= CEPH_SETATTR_MODE;
+                    st.stx_mode = (m & 0o7777) as u16;
+                }
+                remove_caps = kill.remove_caps;
+            }
+        }
+
+        if mask != 0 {
+            match self.mount.setattr(&node.inode, &st, mask, &perm) {
+                Ok(()) => {}
+                // POSIX lets an owner give a file to any group it belongs to. FUSE does not
+                // carry the caller's supplementary groups, so libcephfs, which only knows the
+                // primary gid, refuses what the guest kernel (virtiofs always mounts with
+                // default_permissions) has already checked against the full group list. The
+                // owner's group change is redone with root credentials; nothing else is.
+                Err(e)
+                    if e.errno() == libc::EPERM
+                        && mask & !(CEPH_SETATTR_GID | CEPH_SETATTR_MODE) == 0
+                        && mask & CEPH_SETATTR_GID != 0
+                        && ctx.uid != 0 =>
+                {
+                    let cur = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
+                    if cur.stx_uid != ctx.uid {
+                        return Err(e.into());
+                    }
+                    self.mount
+                        .setattr(&node.inode, &st, mask, &self.perms.get(0, 0))?;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if remove_caps {
+            self.apply_kill(
+                &node,
+                Kill {
+                    new_mode: None,
+                    remove_caps: true,
+                },
+            )?;
+        }
+        let out = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
+        Ok((to_stat(&out), self.policy.ttl(self.class(&node)).attr))
+    }
+
+    fn readlink(&self, ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
+        let node = self.node(inode)?;
+        Ok(self.mount.readlink(&node.inode, &self.perm(ctx))?)
+    }
+
+    fn symlink(
+        &self,
+        ctx: &Context,
+        linkname: &CStr,
+        parent: u64,
+        name: &CStr,
+    ) -> io::Result<Entry> {
+        names::check_name(name, Use::Change).map_err(errno)?;
+        if linkname.to_bytes().len() >= PATH_MAX {
+            return Err(errno(libc::ENAMETOOLONG));
+        }
+        let parent = self.node(parent)?;
+        let (inode, st) =
+            self.mount
+                .symlink(&parent.inode, name, linkname, WANT, 0, &self.perm(ctx))?;
+        Ok(self.entry(&parent, inode, &st))
+    }
+
+    fn mknod(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+        _umask: u32,
+    ) -> io::Result<Entry> {
+        names::check_name(name, Use::Change).map_err(errno)?;
+        let parent = self.node(parent)?;
+        let (inode, st) = self.mount.mknod(
+            &parent.inode,
+            name,
+            mode,
+            u64::from(rdev),
+            WANT,
+            0,
+            &self.perm(ctx),
+        )?;
+        Ok(self.entry(&parent, inode, &st))
+    }
+
+    fn mkdir(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        _umask: u32,
+    ) -> io::Result<Entry> {
+        names::check_name(name, Use::Change).map_err(errno)?;
+        let parent = self.node(parent)?;
+        let (inode, st) =
+            self.mount
+                .mkdir(&parent.inode, name, mode & 0o7777, WANT, 0, &self.perm(ctx))?;
+        Ok(self.entry(&parent, inode, &st))
+    }
+
+    fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        names::check_name(name, Use::Change).map_err(errno)?;
+        let parent = self.node(parent)?;
+        Ok(self.mount.unlink(&parent.inode, name, &self.perm(ctx))?)
+    }
+
+    fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        names::check_name(name, Use::Change).map_err(errno)?;
+        let parent = self.node(parent)?;
+        Ok(self.mount.rmdir(&parent.inode, name, &self.perm(ctx))?)
+    }
+
+    fn rename(
+        &self,
+        ctx: &Context,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        names::check_name(oldname, Use::Change).map_err(errno)?;
+        names::check_name(newname, Use::Change).map_err(errno)?;
+        let old = self.node(olddir)?;
+        let new = self.node(newdir)?;
+        let perm = self.perm(ctx);
+        match flags {
+            0 => {}
+            // libcephfs has no atomic "rename unless the target exists": check, then rename.
+            // Another client creating the target between the two steps is not caught; within
+            // one guest the kernel's directory locks serialise the two.
+            f if f == libc::RENAME_NOREPLACE => {
+                match self.mount.lookup(&new.inode, newname, 0, 0, &perm) {
+                    Ok(_) => return Err(errno(libc::EEXIST)),
+                    Err(e) if e.errno() == libc::ENOENT => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // RENAME_EXCHANGE cannot be done atomically through libcephfs; WHITEOUT is overlayfs'.
+            _ => return Err(errno(libc::EINVAL)),
+        }
+        Ok(self
+            .mount
+            .rename(&old.inode, oldname, &new.inode, newname, &perm)?)
+    }
+
+    fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+        names::check_name(newname, Use::Change).map_err(errno)?;
+        let node = self.node(inode)?;
+        let parent = self.node(newparent)?;
+        let perm = self.perm(ctx);
+        self.mount
+            .link(&node.inode, &parent.inode, newname, &perm)?;
+        let st = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
+        let inode = node.inode.try_clone()?;
+        Ok(self.entry(&parent, inode, &st))
+    }
+
+    fn open(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        flags: u32,
+        fuse_flags: u32,
+    ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
+        let node = self.node(inode)?;
+        if node.is_dir() {
+            return Err(errno(libc::EISDIR));
+        }
+        let perm = self.perm(ctx);
+        let keep = (libc::O_ACCMODE
+            | libc::O_APPEND
+            | libc::O_TRUNC
+            | libc::O_SYNC
+            | libc::O_DSYNC
+            | libc::O_NOFOLLOW) as u32;
+        let oflags = (flags & keep) as i32;
+        let file = self.mount.open(&node.inode, oflags, &perm)?;
+        if oflags & libc::O_TRUNC != 0 {
+            self.kill_privs(
+                &node,
+                Trigger::Truncate,
+                fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
+                &perm,
+            )?;
+        }
+        let fh = self.handles.insert(
+            inode,
+            Handle::File(OpenFile {
+                file,
+                locked: AtomicBool::new(false),
+            }),
+        );
+        Ok((Some(fh), self.open_options(&node, flags), None))
+    }
+
+    fn create(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        name: &CStr,
+        args: CreateIn,
+    ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
+        names::check_name(name, Use::Change).map_err(errno)?;
+        let parent = self.node(parent)?;
+        let perm = self.perm(ctx);
+        let keep = (libc::O_ACCMODE
+            | libc::O_CREAT
+            | libc::O_EXCL
+            | libc::O_APPEND
+            | libc::O_TRUNC
+            | libc::O_SYNC
+            | libc::O_DSYNC) as u32;
+        let oflags = (args.flags & keep) as i32 | libc::O_CREAT;
+        let (inode, st, file) = self.mount.create(
+            &parent.inode,
+            name,
+            args.mode & 0o7777,
+            oflags,
+            WANT,
+            0,
+            &perm,
+        )?;
+        let entry = self.entry(&parent, inode, &st);
+        let node = self.node(entry.inode)?;
+        // CREATE can open an existing file (no O_EXCL): O_TRUNC then has the SB_NOSEC duty.
+        if oflags & libc::O_TRUNC != 0
+            && u32::from(st.stx_mode) & (libc::S_ISUID | libc::S_ISGID) != 0
+        {
+            self.kill_privs(
+                &node,
+                Trigger::Truncate,
+                args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
+                &perm,
+            )?;
+        }
+        let fh = self.handles.insert(
+            entry.inode,
+            Handle::File(OpenFile {
+                file,
+                locked: AtomicBool::new(false),
+            }),
+        );
+        let opts = self.open_options(&node, args.flags);
+        Ok((entry, Some(fh), opts, None))
+    }
+
+    fn read(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        w: &mut dyn ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _flags: u32,
+    ) -> io::Result<usize> {
+        range(offset, u64::from(size))?;
+        let h = self.file(inode, handle)?;
+        let Handle::File(f) = &h.handle else {
+            return Err(ebadf());
+        };
+        w.write_from(&mut CephIo(&f.file), size as usize, offset)
+    }
+
+    fn write(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _delayed_write: bool,
+        _flags: u32,
+        fuse_flags: u32,
+    ) -> io::Result<usize> {
+        range(offset, u64::from(size))?;
+        let h = self.file(inode, handle)?;
+        let Handle::File(f) = &h.handle else {
+            return Err(ebadf());
+        };
+        if self.killpriv_on() {
+            let node = self.node(inode)?;
+            self.kill_privs(
+                &node,
+                Trigger::Write,
+                fuse_flags & WRITE_KILL_PRIV != 0,
+                &self.perm(ctx),
+            )?;
+        }
+        r.read_to(&mut CephIo(&f.file), size as usize, offset)
+    }
+
+    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
+        let h = self.file(inode, handle)?;
+        let Handle::File(f) = &h.handle else {
+            return Err(ebadf());
+        };
+        // close() releases the POSIX locks of the closing owner, as the local kernel would.
+        if f.locked.load(Ordering::Relaxed) {
+            let unlock = whole_file_lock(libc::F_UNLCK);
+            f.file.setlk(&unlock, lock_owner, false)?;
+        }
+        Ok(())
+    }
+
+    fn fsync(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        let h = self.file(inode, handle)?;
+        let Handle::File(f) = &h.handle else {
+            return Err(ebadf());
+        };
+        Ok(f.file.fsync(datasync)?)
+    }
+
+    fn fallocate(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        range(offset, length)?;
+        let h = self.file(inode, handle)?;
+        let Handle::File(f) = &h.handle else {
+            return Err(ebadf());
+        };
+        let mode = i32::try_from(mode).map_err(|_| errno(libc::EOPNOTSUPP))?;
+        Ok(f.file.fallocate(mode, offset, length)?)
+    }
+
+    fn release(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        _flags: u32,
+        handle: u64,
+        _flush: bool,
+        flock_release: bool,
+        lock_owner: Option<u64>,
+    ) -> io::Result<()> {
+        let h = self.handles.remove(inode, handle).map_err(errno)?;
+        if let (Handle::File(f), true, Some(owner)) = (&h.handle, flock_release, lock_owner) {
+            // Best effort: the handle goes either way, and closing it drops its locks too.
+            if let Err(e) = f.file.flock(libc::LOCK_UN, owner) {
+                tracing::debug!(%e, "flock unlock on release");
+            }
+        }
+        Ok(())
+    }
+
+    fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<statvfs64> {
+        let node = self.node(inode)?;
+        let s = self.mount.statfs(&node.inode)?;
+        // SAFETY: statvfs64 is a plain C struct of integers (with private padding); all-zero is
+        // a valid value for it.
+        let mut out: statvfs64 = unsafe { std::mem::zeroed() };
+        out.f_bsize = s.f_bsize;
+        out.f_frsize = s.f_frsize;
+        out.f_blocks = s.f_blocks;
+        out.f_bfree = s.f_bfree;
+        out.f_bavail = s.f_bavail;
+        out.f_files = s.f_files;
+        out.f_ffree = s.f_ffree;
+        out.f_favail = s.f_favail;
+        out.f_fsid = s.f_fsid;
+        out.f_flag = s.f_flag;
+        out.f_namemax = s.f_namemax;
+        Ok(out)
+    }
+
+    fn setxattr(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        name: &CStr,
+        value: &[u8],
+        flags: u32,
+    ) -> io::Result<()> {
+        if !self.cfg.xattr {
+            return Err(errno(libc::ENOSYS));
+        }
+        match names::xattr_access(name.to_bytes(), self.cfg.allow_ceph_xattr_set) {
+            XattrAccess::Full => {}
+            XattrAccess::ReadOnly | XattrAccess::Hidden => return Err(errno(libc::EPERM)),
+        }
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(errno(libc::E2BIG));
+        }
+        let flags = i32::try_from(flags).map_err(|_| errno(libc::EINVAL))?;
+        let node = self.node(inode)?;
+        Ok(self
+            .mount
+            .setxattr(&node.inode, name, value, flags, &self.perm(ctx))?)
+    }
+
+    fn getxattr(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        name: &CStr,
+        size: u32,
+    ) -> io::Result<GetxattrReply> {
+        if !self.cfg.xattr {
+            return Err(errno(libc::ENOSYS));
+        }
+        if names::xattr_access(name.to_bytes(), true) == XattrAccess::Hidden {
+            return Err(errno(libc::ENODATA));
+        }
+        let node = self.node(inode)?;
+        let perm = self.perm(ctx);
+        if size == 0 {
+            let n = self.mount.getxattr(&node.inode, name, &mut [], &perm)?;
+            return Ok(GetxattrReply::Count(
+                u32::try_from(n).map_err(|_| errno(libc::E2BIG))?,
+            ));
+        }
+        let mut buf = vec![0u8; (size as usize).min(XATTR_SIZE_MAX)];
+        let n = self.mount.getxattr(&node.inode, name, &mut buf, &perm)?;
+        buf.truncate(n);
+        Ok(GetxattrReply::Value(buf))
+    }
+
+    fn listxattr(&self, ctx: &Context, inode: u64, size: u32) -> io::Result<ListxattrReply> {
+        if !self.cfg.xattr {
+            return Err(errno(libc::ENOSYS));
+        }
+        let node = self.node(inode)?;
+        let list = self.xattr_list(&node, &self.perm(ctx))?;
+        let len = u32::try_from(list.len()).map_err(|_| errno(libc::E2BIG))?;
+        if size == 0 {
+            Ok(ListxattrReply::Count(len))
+        } else if len > size {
+            Err(errno(libc::ERANGE))
+        } else {
+            Ok(ListxattrReply::Names(list))
+        }
+    }
+
+    fn removexattr(&self, ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
+        if !self.cfg.xattr {
+            return Err(errno(libc::ENOSYS));
+        }
+        match names::xattr_access(name.to_bytes(), self.cfg.allow_ceph_xattr_set) {
+            XattrAccess::Full => {}
+            XattrAccess::ReadOnly => return Err(errno(libc::EPERM)),
+            XattrAccess::Hidden => return Err(errno(libc::ENODATA)),
+        }
+        let node = self.node(inode)?;
+        Ok(self.mount.removexattr(&node.inode, name, &self.perm(ctx))?)
+    }
+
+    fn opendir(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        _flags: u32,
+    ) -> io::Result<(Option<u64>, OpenOptions)> {
+        let node = self.node(inode)?;
+        if !node.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        let dir = self.mount.opendir(&node.inode, &self.perm(ctx))?;
+        let fh = self
+            .handles
+            .insert(inode, Handle::Dir(Mutex::new(DirStream { dir, pos: 0 })));
+        Ok((Some(fh), OpenOptions::empty()))
+    }
+
+    fn readdir(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        _size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.read_dir(inode, handle, offset, false, &mut |d, _| add_entry(d))
+    }
+
+    fn readdirplus(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        _size: u32,
+        offset: u64,
+        add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
+    ) -> io::Result<()> {
+        self.read_dir(inode, handle, offset, true, &mut |d, e| match e {
+            Some(e) => add_entry(d, e),
+            None => Err(errno(libc::EIO)),
+        })
+    }
+
+    fn fsyncdir(&self, _ctx: &Context, inode: u64, _datasync: bool, handle: u64) -> io::Result<()> {
+        let node = self.node(inode)?;
+        self.handles.get(inode, handle).map_err(errno)?;
+        Ok(self.mount.sync_inode(&node.inode, false)?)
+    }
+
+    fn releasedir(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
+        self.handles.remove(inode, handle).map_err(errno)?;
+        Ok(())
+    }
+
+    fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
+        let node = self.node(inode)?;
+        let st = self.mount.getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
+        access_allowed(&st, ctx.uid, ctx.gid, mask)
+            .then_some(())
+            .ok_or_else(|| errno(libc::EACCES))
+    }
+
+    fn lseek(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
+        let off = to_off(offset)?;
+        let h = self.file(inode, handle)?;
+        let Handle::File(f) = &h.handle else {
+            return Err(ebadf());
+        };
+        let whence = i32::try_from(whence).map_err(|_| errno(libc::EINVAL))?;
+        Ok(f.file.lseek(off, whence)?)
+    }
+
+    fn getlk(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        _flags: u32,
+    ) -> io::Result<FileLock> {
+        let h = self.file(inode, handle)?;
+        let Handle::File(f) = &h.handle else {
+            return Err(ebadf());
+        };
+        let mut fl = to_flock(&lock)?;
+        f.file.getlk(&mut fl, owner)?;
+        Ok(from_flock(&fl))
+    }
+
+    fn setlk(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.set_lock(inode, handle, owner, lock, flags, false)
+    }
+
+    fn setlkw(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.set_lock(inode, handle, owner, lock, flags, true)
+    }
+}
+
+impl CephFs {
+    fn set_lock(
+        &self,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        flags: u32,
+        sleep: bool,
+    ) -> io::Result<()> {
+        let h = self.file(inode, handle)?;
+        let Handle::File(f) = &h.handle else {
+            return Err(ebadf());
+        };
+        if flags & LK_FLOCK != 0 {
+            let mut op = match i32::try_from(lock.lock_type).unwrap_or(-1) {
+                libc::F_RDLCK => libc::LOCK_SH,
+                libc::F_WRLCK => libc::LOCK_EX,
+                libc::F_UNLCK => libc::LOCK_UN,
+                _ => return Err(errno(libc::EINVAL)),
+            };
+            if !sleep {
+                op |= libc::LOCK_NB;
+            }
+            return Ok(f.file.flock(op, owner)?);
+        }
+        let fl = to_flock(&lock)?;
+        f.locked.store(true, Ordering::Relaxed);
+        Ok(f.file.setlk(&fl, owner, sleep)?)
+    }
+
+    /// Server-side copy: the data moves inside the daemon, never through the guest.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> io::Result<usize> {
+        range(off_in, len)?;
+        range(off_out, len)?;
+        let hi = self.file(ino_in, fh_in)?;
+        let ho = self.file(ino_out, fh_out)?;
+        let (Handle::File(fi), Handle::File(fo)) = (&hi.handle, &ho.handle) else {
+            return Err(ebadf());
+        };
+        if self.killpriv_on() {
+            let node = self.node(ino_out)?;
+            self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
+        }
+        // The kernel caps one request at a size_t-sized count; we move at most u32::MAX bytes
+        // per request (the reply field is 32 bits) in 1 MiB steps.
+        let total = len.min(u64::from(u32::MAX)) as usize;
+        let mut buf = vec![0u8; COPY_CHUNK.min(total.max(1))];
+        let mut done = 0usize;
+        while done < total {
+            let want = (total - done).min(buf.len());
+            let n = fi.file.read(off_in + done as u64, &mut buf[..want])?;
+            if n == 0 {
+                break;
+            }
+            let mut w = 0;
+            while w < n {
+                let m = fo.file.write(off_out + (done + w) as u64, &buf[w..n])?;
+                if m == 0 {
+                    return Err(errno(libc::EIO));
+                }
+                w += m;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// SYNCFS: flush everything this client has dirty.
+    pub fn sync_all(&self) -> io::Result<()> {
+        Ok(self.mount.sync_fs()?)
+    }
+}
+
+fn whole_file_lock(kind: i32) -> libc::flock {
+    libc::flock {
+        l_type: kind as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    }
+}
+
+/// FUSE lock range [start, end] (end = OFFSET_MAX for "to EOF") as a struct flock.
+fn to_flock(lock: &FileLock) -> io::Result<libc::flock> {
+    let start = i64::try_from(lock.start).map_err(|_| errno(libc::EINVAL))?;
+    let len = if lock.end >= i64::MAX as u64 {
+        0
+    } else if lock.end < lock.start {
+        return Err(errno(libc::EINVAL));
+    } else {
+        i64::try_from(lock.end - lock.start + 1).map_err(|_| errno(libc::EINVAL))?
+    };
+    let l_type = i16::try_from(lock.lock_type).map_err(|_| errno(libc::EINVAL))?;
+    if ![libc::F_RDLCK, libc::F_WRLCK, libc::F_UNLCK].contains(&i32::from(l_type)) {
+        return Err(errno(libc::EINVAL));
+    }
+    Ok(libc::flock {
+        l_type,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: start,
+        l_len: len,
+        l_pid: i32::try_from(lock.pid).unwrap_or(0),
+    })
+}
+
+fn from_flock(fl: &libc::flock) -> FileLock {
+    let start = u64::try_from(fl.l_start).unwrap_or(0);
+    let end = if fl.l_len <= 0 {
+        i64::MAX as u64
+    } else {
+        start.saturating_add(fl.l_len as u64 - 1)
+    };
+    FileLock {
+        start,
+        end,
+        lock_type: u32::try_from(fl.l_type).unwrap_or(libc::F_UNLCK as u32),
+        pid: u32::try_from(fl.l_pid).unwrap_or(0),
+    }
+}
+
+/// access(2) against the attributes, for the caller's uid and primary gid (FUSE does not carry
+/// supplementary groups). root may read/write anything and execute what has any x bit.
+pub fn access_allowed(st: &Statx, uid: u32, gid: u32, mask: u32) -> bool {
+    let mode = u32::from(st.stx_mode);
+    let mask = mask & 0o7;
+    if mask == 0 {
+        return true;
+    }
+    if uid == 0 {
+        let is_dir = mode & libc::S_IFMT == libc::S_IFDIR;
+        return mask & 1 == 0 || is_dir || mode & 0o111 != 0;
+    }
+    let bits = if st.stx_uid == uid {
+        (mode >> 6) & 7
+    } else if st.stx_gid == gid {
+        (mode >> 3) & 7
+    } else {
+        mode & 7
+    };
+    bits & mask == mask
+}
+
+/// Build an owned name for libcephfs calls from guest bytes (used by the quarantine and admin
+/// paths that construct names themselves).
+pub fn cname(b: &[u8]) -> io::Result<CString> {
+    CString::new(b).map_err(|_| errno(libc::EINVAL))
+}
+
+impl crate::server::ExtraOps for CephFs {
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        // copy_file_range(2) defines no flags yet.
+        if flags != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        self.copy_range(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len)
+    }
+
+    fn syncfs(&self, _ctx: &Context, ino: u64) -> io::Result<()> {
+        self.node(ino)?;
+        self.sync_all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn st(mode: u32, uid: u32, gid: u32) -> Statx {
+        Statx {
+            stx_mode: mode as u16,
+            stx_uid: uid,
+            stx_gid: gid,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn access_follows_owner_group_other() {
+        let f = st(libc::S_IFREG | 0o640, 1000, 100);
+        assert!(access_allowed(&f, 1000, 1, 6));
+        assert!(!access_allowed(&f, 1000, 1, 1));
+        assert!(access_allowed(&f, 2000, 100, 4));
+        assert!(!access_allowed(&f, 2000, 100, 2));
+        assert!(!access_allowed(&f, 2000, 200, 4));
+        assert!(access_allowed(&f, 0, 0, 6));
+        assert!(
+            !access_allowed(&f, 0, 0, 1),
+            "root needs some x bit to execute"
+        );
+        assert!(access_allowed(&st(libc::S_IFDIR | 0o700, 5, 5), 0, 0, 1));
+        assert!(access_allowed(&f, 2000, 200, 0), "F_OK");
+    }
+
+    #[test]
+    fn lock_ranges_convert_both_ways() {
+        let l = FileLock {
+            start: 10,
+            end: 19,
+            lock_type: libc::F_WRLCK as u32,
+            pid: 42,
+        };
+        let fl = to_flock(&l).unwrap();
+        assert_eq!((fl.l_start, fl.l_len), (10, 10));
+        let back = from_flock(&fl);
+        assert_eq!((back.start, back.end, back.pid), (10, 19, 42));
+        let eof = FileLock {
+            start: 5,
+            end: u64::MAX,
+            lock_type: libc::F_RDLCK as u32,
+            pid: 1,
+        };
+        assert_eq!(to_flock(&eof).unwrap().l_len, 0);
+        assert_eq!(from_flock(&to_flock(&eof).unwrap()).end, i64::MAX as u64);
+        let bad = FileLock {
+            start: 20,
+            end: 10,
+            ..l
+        };
+        assert_eq!(
+            to_flock(&bad).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+        let past = FileLock {
+            start: u64::MAX - 1,
+            ..l
+        };
+        assert_eq!(
+            to_flock(&past).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+        let kind = FileLock { lock_type: 99, ..l };
+        assert!(to_flock(&kind).is_err());
+    }
+
+    #[test]
+    fn ranges_past_i64_are_refused() {
+        assert!(range(0, 4096).is_ok());
+        assert_eq!(
+            range(i64::MAX as u64, 1).unwrap_err().raw_os_error(),
+            Some(libc::EFBIG)
+        );
+        assert_eq!(
+            range(u64::MAX, 1).unwrap_err().raw_os_error(),
+            Some(libc::EFBIG)
+        );
+        assert_eq!(
+            to_off(u64::MAX).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+    }
+
+    #[test]
+    fn statx_becomes_stat() {
+        let mut x = st(libc::S_IFREG | 0o644, 7, 8);
+        x.stx_ino = 0x100_0000_0001;
+        x.stx_size = u64::MAX;
+        x.stx_nlink = 2;
+        let s = to_stat(&x);
+        assert_eq!(s.st_ino, 0x100_0000_0001);
+        assert_eq!(s.st_mode, libc::S_IFREG | 0o644);
+        assert_eq!(s.st_size, i64::MAX, "sizes past i64 saturate");
+        assert_eq!((s.st_uid, s.st_gid, s.st_nlink), (7, 8, 2));
+    }
+}

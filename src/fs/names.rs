@@ -1,0 +1,131 @@
+//! Names and xattr names that come from the guest: validated before anything reaches libcephfs.
+
+use std::ffi::CStr;
+
+/// Longest name CephFS (and Linux) accept for one path component.
+pub const NAME_MAX: usize = 255;
+
+/// xattr prefix the daemon keeps for itself: invisible and untouchable from the guest.
+pub const RESERVED_XATTR_PREFIX: &[u8] = b"trusted.ceph-virtiofsd.";
+
+/// Ceph's virtual xattrs (layouts, quotas, recursive stats): readable, not settable by guests.
+pub const CEPH_XATTR_PREFIX: &[u8] = b"ceph.";
+
+/// How a name is used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// Looked up: "." and ".." are resolved by the caller.
+    Lookup,
+    /// Created, removed or renamed: "." and ".." are never valid targets.
+    Change,
+}
+
+/// Check one path component. Errors are errno values for the guest.
+pub fn check_name(name: &CStr, usage: Use) -> Result<(), i32> {
+    let b = name.to_bytes();
+    if b.is_empty() {
+        return Err(libc::ENOENT);
+    }
+    if b.len() > NAME_MAX {
+        return Err(libc::ENAMETOOLONG);
+    }
+    if b.contains(&b'/') {
+        return Err(libc::EINVAL);
+    }
+    if usage == Use::Change && is_dot_or_dotdot(b) {
+        return Err(libc::EINVAL);
+    }
+    Ok(())
+}
+
+pub fn is_dot_or_dotdot(b: &[u8]) -> bool {
+    b == b"." || b == b".."
+}
+
+/// What the guest may do with an xattr name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XattrAccess {
+    /// Read and write.
+    Full,
+    /// Read only (Ceph virtual xattrs).
+    ReadOnly,
+    /// Does not exist as far as the guest can tell.
+    Hidden,
+}
+
+pub fn xattr_access(name: &[u8], allow_ceph_set: bool) -> XattrAccess {
+    if name.starts_with(RESERVED_XATTR_PREFIX) {
+        XattrAccess::Hidden
+    } else if name.starts_with(CEPH_XATTR_PREFIX) && !allow_ceph_set {
+        XattrAccess::ReadOnly
+    } else {
+        XattrAccess::Full
+    }
+}
+
+/// Remove hidden names from a listxattr buffer (NUL-separated names). Returns the new length.
+pub fn filter_xattr_list(buf: &mut Vec<u8>) {
+    if !buf
+        .windows(RESERVED_XATTR_PREFIX.len())
+        .any(|w| w == RESERVED_XATTR_PREFIX)
+    {
+        return;
+    }
+    let mut out = Vec::with_capacity(buf.len());
+    for name in buf.split(|&c| c == 0).filter(|n| !n.is_empty()) {
+        if xattr_access(name, false) != XattrAccess::Hidden {
+            out.extend_from_slice(name);
+            out.push(0);
+        }
+    }
+    *buf = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CString;
+
+    fn c(s: &[u8]) -> CString {
+        CString::new(s).unwrap()
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert_eq!(check_name(&c(b"a"), Use::Change), Ok(()));
+        assert_eq!(check_name(&c(b""), Use::Lookup), Err(libc::ENOENT));
+        assert_eq!(check_name(&c(b"a/b"), Use::Lookup), Err(libc::EINVAL));
+        assert_eq!(check_name(&c(&[b'x'; 255]), Use::Change), Ok(()));
+        assert_eq!(
+            check_name(&c(&[b'x'; 256]), Use::Change),
+            Err(libc::ENAMETOOLONG)
+        );
+        assert_eq!(check_name(&c(b".."), Use::Change), Err(libc::EINVAL));
+        assert_eq!(check_name(&c(b"."), Use::Change), Err(libc::EINVAL));
+        assert_eq!(check_name(&c(b".."), Use::Lookup), Ok(()));
+    }
+
+    #[test]
+    fn xattr_policy() {
+        assert_eq!(xattr_access(b"user.x", false), XattrAccess::Full);
+        assert_eq!(
+            xattr_access(b"ceph.dir.rbytes", false),
+            XattrAccess::ReadOnly
+        );
+        assert_eq!(xattr_access(b"ceph.dir.layout", true), XattrAccess::Full);
+        assert_eq!(
+            xattr_access(b"trusted.ceph-virtiofsd.quarantine", true),
+            XattrAccess::Hidden
+        );
+    }
+
+    #[test]
+    fn reserved_names_are_filtered_from_lists() {
+        let mut l = b"user.a\0trusted.ceph-virtiofsd.q\0user.b\0".to_vec();
+        filter_xattr_list(&mut l);
+        assert_eq!(l, b"user.a\0user.b\0");
+        let mut plain = b"user.a\0".to_vec();
+        filter_xattr_list(&mut plain);
+        assert_eq!(plain, b"user.a\0");
+    }
+}

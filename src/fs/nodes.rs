@@ -1,0 +1,402 @@
+//! The inode table: FUSE node ids → CephFS inode references with lookup counts.
+//!
+//! Node ids are ours. A head inode (snapid == CEPH_NOSNAP) gets its CephFS inode number as node
+//! id, so the hot path needs one map and no reverse index; the export root is always
+//! `FUSE_ROOT_ID` (1). Ids that would be ambiguous — snapshot inodes (same ino as their head,
+//! other snapid), the filesystem's own root when a subtree is exported, inode numbers with the top
+//! bit set — are allocated from a counter in the top-bit range and found again through a small
+//! reverse index. CephFS inode numbers never use the top bit, so the two ranges cannot meet.
+//!
+//! The table is sharded: a lookup or forget takes one shard lock, for the time of a map update,
+//! and never while calling into libcephfs. There is no table-wide lock (libcephfs already has its
+//! `client_lock`; a second global serialisation point would cap the scaling the kernel client had
+//! to fight for).
+//!
+//! Kernel contract: every `Entry` we return adds one lookup; FORGET takes `count` away; at zero
+//! the node leaves the table and its libcephfs reference is released (when the last `Arc` goes,
+//! e.g. after an open handle on it is released).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+/// FUSE's root node id.
+pub const ROOT_ID: u64 = 1;
+
+/// Node ids allocated by the table carry this bit.
+const ALLOCATED_BIT: u64 = 1 << 63;
+
+const SHARDS: usize = 64;
+
+/// CephFS "no snapshot": the live (head) version of an inode.
+pub const NOSNAP: u64 = u64::MAX - 1; // CEPH_NOSNAP = (uint64_t)(-2)
+
+/// Version of an inode: inode number + snapshot id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Vino {
+    pub ino: u64,
+    pub snapid: u64,
+}
+
+/// One node: what the guest's node id stands for.
+#[derive(Debug)]
+pub struct Node<T> {
+    pub id: u64,
+    pub vino: Vino,
+    /// File type bits (`S_IFMT` part of the mode); never changes for an inode.
+    pub kind: u32,
+    /// Quarantine domain the inode belongs to (0 = none), set once at lookup.
+    pub domain: u32,
+    pub inode: T,
+    lookups: AtomicU64,
+}
+
+impl<T> Node<T> {
+    pub fn is_dir(&self) -> bool {
+        self.kind == libc::S_IFDIR
+    }
+    pub fn lookups(&self) -> u64 {
+        self.lookups.load(Ordering::Relaxed)
+    }
+}
+
+/// Identity hasher for node ids (already well spread for allocated ids; inode numbers are
+/// sequential, which is fine for a HashMap with a proper mixer below).
+#[derive(Default)]
+struct IdHasher(u64);
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        // splitmix64 finaliser: sequential ids spread over buckets.
+        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = i;
+    }
+}
+type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
+
+/// What a lookup produced, to be entered in the table.
+#[derive(Debug)]
+pub struct NewNode<T> {
+    pub vino: Vino,
+    pub kind: u32,
+    pub domain: u32,
+    pub inode: T,
+}
+
+#[derive(Debug)]
+pub struct NodeTable<T> {
+    shards: Vec<RwLock<IdMap<Arc<Node<T>>>>>,
+    root: Vino,
+    /// Reverse index for allocated ids. Lock order: `allocated` before a shard.
+    allocated: Mutex<HashMap<Vino, u64>>,
+    next_id: AtomicU64,
+}
+
+impl<T> NodeTable<T> {
+    /// A table holding the export root as node 1.
+    pub fn new(root: NewNode<T>) -> Self {
+        let mut shards = Vec::with_capacity(SHARDS);
+        shards.resize_with(SHARDS, || RwLock::new(IdMap::default()));
+        let t = NodeTable {
+            shards,
+            root: root.vino,
+            allocated: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(ALLOCATED_BIT | 2),
+        };
+        let node = Arc::new(Node {
+            id: ROOT_ID,
+            vino: root.vino,
+            kind: root.kind,
+            domain: root.domain,
+            inode: root.inode,
+            // The root is never forgotten: the kernel never sends FORGET for it.
+            lookups: AtomicU64::new(1),
+        });
+        t.shard(ROOT_ID)
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(ROOT_ID, node);
+        t
+    }
+
+    fn shard(&self, id: u64) -> &RwLock<IdMap<Arc<Node<T>>>> {
+        let h = BuildHasherDefault::<IdHasher>::default().hash_one(id);
+        // The modulo keeps the index below SHARDS, so indexing cannot fail.
+        &self.shards[(h % SHARDS as u64) as usize]
+    }
+
+    pub fn root_vino(&self) -> Vino {
+        self.root
+    }
+
+    /// The node id a head inode would get without allocation, if any.
+    fn direct_id(&self, vino: Vino) -> Option<u64> {
+        if vino == self.root {
+            Some(ROOT_ID)
+        } else if vino.snapid == NOSNAP && vino.ino != ROOT_ID && vino.ino & ALLOCATED_BIT == 0 {
+            Some(vino.ino)
+        } else {
+            None
+        }
+    }
+
+    /// Find a node by id (the hot path: one shard read lock).
+    pub fn get(&self, id: u64) -> Option<Arc<Node<T>>> {
+        self.shard(id)
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned()
+    }
+
+    /// Enter a looked-up inode, or add one lookup to the node that already stands for it.
+    /// A duplicate reference (`new.inode`) is dropped, which releases it.
+    pub fn insert(&self, new: NewNode<T>) -> Arc<Node<T>> {
+        match self.direct_id(new.vino) {
+            Some(id) => self.insert_at(id, new),
+            None => {
+                let mut rev = self.allocated.lock().unwrap_or_else(|e| e.into_inner());
+                let id = *rev
+                    .entry(new.vino)
+                    .or_insert_with(|| self.next_id.fetch_add(1, Ordering::Relaxed));
+                self.insert_at(id, new)
+            }
+        }
+    }
+
+    fn insert_at(&self, id: u64, new: NewNode<T>) -> Arc<Node<T>> {
+        let mut shard = self.shard(id).write().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = shard.get(&id) {
+            n.lookups.fetch_add(1, Ordering::Relaxed);
+            return n.clone();
+        }
+        let node = Arc::new(Node {
+            id,
+            vino: new.vino,
+            kind: new.kind,
+            domain: new.domain,
+            inode: new.inode,
+            lookups: AtomicU64::new(1),
+        });
+        shard.insert(id, node.clone());
+        node
+    }
+
+    /// Take `count` lookups away; at zero the node leaves the table. Unknown ids and the root
+    /// are ignored (FORGET has no reply, so there is nobody to tell).
+    pub fn forget(&self, id: u64, count: u64) {
+        if id == ROOT_ID {
+            return;
+        }
+        let rev = (id & ALLOCATED_BIT != 0)
+            .then(|| self.allocated.lock().unwrap_or_else(|e| e.into_inner()));
+        let removed = {
+            let mut shard = self.shard(id).write().unwrap_or_else(|e| e.into_inner());
+            let Some(n) = shard.get(&id) else { return };
+            let left = n.lookups.load(Ordering::Relaxed).saturating_sub(count);
+            n.lookups.store(left, Ordering::Relaxed);
+            if left == 0 {
+                shard.remove(&id)
+            } else {
+                None
+            }
+        };
+        if let (Some(node), Some(mut rev)) = (&removed, rev) {
+            rev.remove(&node.vino);
+        }
+        // `removed` drops here, outside every lock: releasing the libcephfs reference may take
+        // libcephfs's client_lock.
+    }
+
+    /// Number of nodes in the table.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.read().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drop every node but the root (DESTROY, or a new FUSE session).
+    pub fn clear(&self) {
+        let mut dropped = Vec::new();
+        {
+            let mut rev = self.allocated.lock().unwrap_or_else(|e| e.into_inner());
+            for s in &self.shards {
+                let mut s = s.write().unwrap_or_else(|e| e.into_inner());
+                let ids: Vec<u64> = s.keys().copied().filter(|&id| id != ROOT_ID).collect();
+                dropped.extend(ids.iter().filter_map(|id| s.remove(id)));
+            }
+            rev.clear();
+        }
+        // The references are released here, outside every lock.
+        drop(dropped);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(ino: u64) -> Vino {
+        Vino {
+            ino,
+            snapid: NOSNAP,
+        }
+    }
+
+    /// A payload that counts its drops, standing in for a libcephfs reference.
+    #[derive(Debug)]
+    struct Ref(Arc<AtomicU64>);
+    impl Drop for Ref {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    fn table(root_ino: u64, drops: &Arc<AtomicU64>) -> NodeTable<Ref> {
+        NodeTable::new(NewNode {
+            vino: head(root_ino),
+            kind: libc::S_IFDIR,
+            domain: 0,
+            inode: Ref(drops.clone()),
+        })
+    }
+
+    fn new(vino: Vino, drops: &Arc<AtomicU64>) -> NewNode<Ref> {
+        NewNode {
+            vino,
+            kind: libc::S_IFREG,
+            domain: 0,
+            inode: Ref(drops.clone()),
+        }
+    }
+
+    #[test]
+    fn head_inodes_use_their_ino_and_root_is_one() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(0x1000, &d);
+        assert_eq!(t.get(ROOT_ID).unwrap().vino, head(0x1000));
+        let n = t.insert(new(head(0x2000), &d));
+        assert_eq!(n.id, 0x2000);
+        // Looking up the export root again yields node 1, never a second id for it.
+        let r = t.insert(new(head(0x1000), &d));
+        assert_eq!(r.id, ROOT_ID);
+        assert_eq!(d.load(Ordering::Relaxed), 1, "duplicate reference released");
+    }
+
+    #[test]
+    fn lookup_counts_and_forget_release_exactly_once() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let n = t.insert(new(head(0x2000), &d));
+        t.insert(new(head(0x2000), &d));
+        t.insert(new(head(0x2000), &d));
+        assert_eq!(n.lookups(), 3);
+        assert_eq!(d.load(Ordering::Relaxed), 2);
+        drop(n);
+        t.forget(0x2000, 2);
+        assert!(t.get(0x2000).is_some());
+        t.forget(0x2000, 1);
+        assert!(t.get(0x2000).is_none());
+        assert_eq!(d.load(Ordering::Relaxed), 3);
+        // Forgetting again, an unknown id or the root does nothing.
+        t.forget(0x2000, 1);
+        t.forget(0xdead, u64::MAX);
+        t.forget(ROOT_ID, u64::MAX);
+        assert!(t.get(ROOT_ID).is_some());
+        assert_eq!(d.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn snapshots_get_their_own_ids() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let h = t.insert(new(head(0x2000), &d));
+        let s1 = t.insert(new(
+            Vino {
+                ino: 0x2000,
+                snapid: 5,
+            },
+            &d,
+        ));
+        let s2 = t.insert(new(
+            Vino {
+                ino: 0x2000,
+                snapid: 6,
+            },
+            &d,
+        ));
+        assert_ne!(h.id, s1.id);
+        assert_ne!(s1.id, s2.id);
+        assert!(s1.id & ALLOCATED_BIT != 0);
+        // The same snapshot inode maps to the same id while it is known...
+        assert_eq!(
+            t.insert(new(
+                Vino {
+                    ino: 0x2000,
+                    snapid: 5
+                },
+                &d
+            ))
+            .id,
+            s1.id
+        );
+        t.forget(s1.id, 2);
+        assert!(t.get(s1.id).is_none());
+        // ...and to a fresh one afterwards.
+        let again = t.insert(new(
+            Vino {
+                ino: 0x2000,
+                snapid: 5,
+            },
+            &d,
+        ));
+        assert_ne!(again.id, s1.id);
+    }
+
+    #[test]
+    fn filesystem_root_of_a_subtree_export_is_not_node_one() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(0x1000, &d);
+        let fsroot = t.insert(new(head(1), &d));
+        assert_ne!(fsroot.id, ROOT_ID);
+        assert_eq!(t.get(ROOT_ID).unwrap().vino.ino, 0x1000);
+    }
+
+    #[test]
+    fn concurrent_lookups_and_forgets_balance() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = Arc::new(table(1, &d));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let t = t.clone();
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2000u64 {
+                        let ino = 0x100 + (i % 17);
+                        t.insert(new(head(ino), &d));
+                        t.forget(ino, 1);
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        assert_eq!(t.len(), 1, "only the root is left");
+    }
+}

@@ -1,0 +1,225 @@
+//! Attribute and entry cache policy: how long the guest may trust what we tell it.
+//!
+//! Upstream Linux virtiofs has no notification queue, so the daemon cannot invalidate the guest's
+//! caches: the TTLs returned here are the whole coherence contract with other CephFS clients.
+//! A change made by another client becomes visible to the guest at the latest when the TTL of the
+//! cached attribute or dentry runs out.
+//!
+//! Rules, in order (the first that applies wins):
+//! 1. Inodes inside a snapshot (snapid is a real snapshot id) never change: they get
+//!    [`IMMUTABLE_TTL`] for entry and attributes, in every cache mode. The `.snap` directory itself
+//!    is not immutable (snapshots come and go) and follows the ordinary rules.
+//! 2. Inodes whose access can be revoked at any moment (quarantine-capable subvolumes) are capped
+//!    at the quarantine propagation bound, so a quarantine reaches cached dentries in time.
+//! 3. Otherwise the cache mode decides: `never` 0, `auto` the configured timeout (default 1 s),
+//!    `metadata` and `always` a long timeout (the guest owns the share).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// TTL for inodes that cannot change (snapshot contents).
+pub const IMMUTABLE_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// Default TTL of the `auto` mode.
+pub const AUTO_TTL: Duration = Duration::from_secs(1);
+
+/// TTL of the `metadata` and `always` modes.
+pub const LONG_TTL: Duration = Duration::from_secs(24 * 3600);
+
+/// The cache modes users know from virtiofsd.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// Nothing cached in the guest: metadata TTL 0, data through direct I/O.
+    Never,
+    /// Short metadata TTL, page cache invalidated when mtime/size change.
+    #[default]
+    Auto,
+    /// Long metadata TTL, data not cached (direct I/O).
+    Metadata,
+    /// Long metadata TTL, page cache kept across opens.
+    Always,
+}
+
+impl FromStr for CacheMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "never" | "none" => Ok(CacheMode::Never),
+            "auto" => Ok(CacheMode::Auto),
+            "metadata" => Ok(CacheMode::Metadata),
+            "always" => Ok(CacheMode::Always),
+            other => Err(format!(
+                "unknown cache mode '{other}' (expected never, auto, metadata or always)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for CacheMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CacheMode::Never => "never",
+            CacheMode::Auto => "auto",
+            CacheMode::Metadata => "metadata",
+            CacheMode::Always => "always",
+        })
+    }
+}
+
+/// What the policy needs to know of one inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeClass {
+    /// The inode lives in a snapshot (its contents can never change).
+    pub in_snapshot: bool,
+    /// Access to the inode can be revoked (quarantine-capable subvolume).
+    pub revocable: bool,
+}
+
+/// The per-inode TTL policy.
+#[derive(Clone, Copy, Debug)]
+pub struct CachePolicy {
+    mode: CacheMode,
+    /// TTL of the `auto` mode (configurable).
+    auto_ttl: Duration,
+    /// Upper bound for revocable inodes.
+    revocable_bound: Duration,
+}
+
+/// Entry and attribute timeouts for one reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ttl {
+    pub entry: Duration,
+    pub attr: Duration,
+}
+
+impl CachePolicy {
+    pub fn new(mode: CacheMode, auto_ttl: Duration, revocable_bound: Duration) -> Self {
+        CachePolicy {
+            mode,
+            auto_ttl,
+            revocable_bound,
+        }
+    }
+
+    pub fn mode(&self) -> CacheMode {
+        self.mode
+    }
+
+    /// The timeouts for one inode.
+    pub fn ttl(&self, class: NodeClass) -> Ttl {
+        if class.in_snapshot {
+            return Ttl {
+                entry: IMMUTABLE_TTL,
+                attr: IMMUTABLE_TTL,
+            };
+        }
+        let base = match self.mode {
+            CacheMode::Never => Duration::ZERO,
+            CacheMode::Auto => self.auto_ttl,
+            CacheMode::Metadata | CacheMode::Always => LONG_TTL,
+        };
+        let t = if class.revocable {
+            base.min(self.revocable_bound)
+        } else {
+            base
+        };
+        Ttl { entry: t, attr: t }
+    }
+
+    /// Whether file data bypasses the guest page cache (FOPEN_DIRECT_IO).
+    pub fn direct_io(&self, class: NodeClass) -> bool {
+        !class.in_snapshot && matches!(self.mode, CacheMode::Never | CacheMode::Metadata)
+    }
+
+    /// Whether the guest may keep its page cache across opens (FOPEN_KEEP_CACHE).
+    pub fn keep_cache(&self, class: NodeClass) -> bool {
+        class.in_snapshot || (self.mode == CacheMode::Always && !class.revocable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PLAIN: NodeClass = NodeClass {
+        in_snapshot: false,
+        revocable: false,
+    };
+    const SNAP: NodeClass = NodeClass {
+        in_snapshot: true,
+        revocable: false,
+    };
+    const REVOCABLE: NodeClass = NodeClass {
+        in_snapshot: false,
+        revocable: true,
+    };
+
+    fn policy(mode: CacheMode) -> CachePolicy {
+        CachePolicy::new(mode, Duration::from_secs(2), Duration::from_millis(500))
+    }
+
+    #[test]
+    fn modes_parse_and_print_back() {
+        for m in ["never", "auto", "metadata", "always"] {
+            assert_eq!(m.parse::<CacheMode>().unwrap().to_string(), m);
+        }
+        assert_eq!("none".parse::<CacheMode>().unwrap(), CacheMode::Never);
+        assert!("sometimes".parse::<CacheMode>().is_err());
+    }
+
+    #[test]
+    fn plain_inodes_follow_the_mode() {
+        assert_eq!(policy(CacheMode::Never).ttl(PLAIN).attr, Duration::ZERO);
+        assert_eq!(
+            policy(CacheMode::Auto).ttl(PLAIN).attr,
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            policy(CacheMode::Auto).ttl(PLAIN).entry,
+            Duration::from_secs(2)
+        );
+        assert_eq!(policy(CacheMode::Metadata).ttl(PLAIN).attr, LONG_TTL);
+        assert_eq!(policy(CacheMode::Always).ttl(PLAIN).entry, LONG_TTL);
+    }
+
+    #[test]
+    fn snapshots_are_immutable_in_every_mode() {
+        for m in [
+            CacheMode::Never,
+            CacheMode::Auto,
+            CacheMode::Metadata,
+            CacheMode::Always,
+        ] {
+            let p = policy(m);
+            assert_eq!(p.ttl(SNAP).attr, IMMUTABLE_TTL, "{m}");
+            assert_eq!(p.ttl(SNAP).entry, IMMUTABLE_TTL, "{m}");
+            assert!(!p.direct_io(SNAP));
+            assert!(p.keep_cache(SNAP));
+        }
+    }
+
+    #[test]
+    fn revocable_inodes_are_capped_at_the_bound() {
+        assert_eq!(
+            policy(CacheMode::Always).ttl(REVOCABLE).attr,
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            policy(CacheMode::Auto).ttl(REVOCABLE).entry,
+            Duration::from_millis(500)
+        );
+        // A shorter mode TTL is kept as it is.
+        assert_eq!(policy(CacheMode::Never).ttl(REVOCABLE).attr, Duration::ZERO);
+        assert!(!policy(CacheMode::Always).keep_cache(REVOCABLE));
+    }
+
+    #[test]
+    fn data_cache_follows_the_mode() {
+        assert!(policy(CacheMode::Never).direct_io(PLAIN));
+        assert!(policy(CacheMode::Metadata).direct_io(PLAIN));
+        assert!(!policy(CacheMode::Auto).direct_io(PLAIN));
+        assert!(!policy(CacheMode::Auto).keep_cache(PLAIN));
+        assert!(policy(CacheMode::Always).keep_cache(PLAIN));
+    }
+}

@@ -1,0 +1,55 @@
+//! ceph-virtiofsd: a vhost-user virtio-fs daemon whose storage is CephFS through libcephfs.
+//!
+//! Layers (each may not know about the ones above it):
+//! - `args` / `config`: command line and TOML file, validated into [`config::Config`].
+//! - `daemon`: process lifecycle (socket, pid lock, signals, reconnects).
+//! - `vhost_user`: virtqueues, features, worker pool; generic over the filesystem.
+//! - `server`: FUSE pre-dispatch in front of fuse-backend-rs's server.
+//! - the filesystem (CephFS) implements fuse-backend-rs's `FileSystem` plus [`server::ExtraOps`].
+
+pub mod args;
+pub mod config;
+pub mod daemon;
+pub mod fs;
+pub mod logging;
+pub mod server;
+pub mod vhost_user;
+
+use std::process::ExitCode;
+
+/// Documented process exit codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Exit {
+    /// Clean shutdown (frontend disconnected, or SIGTERM/SIGINT).
+    Ok = 0,
+    /// Runtime failure while serving (socket, vhost-user protocol, threads).
+    Runtime = 1,
+    /// Usage or configuration error: nothing was started.
+    Usage = 2,
+    /// Could not connect to the Ceph cluster or mount CephFS.
+    Ceph = 3,
+}
+
+impl From<Exit> for ExitCode {
+    fn from(e: Exit) -> Self {
+        ExitCode::from(e as u8)
+    }
+}
+
+/// Format an error with its whole source chain, once: "msg\n  0: cause\n  1: cause".
+pub fn report(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    let mut i = 0;
+    while let Some(cause) = source {
+        out.push_str(&format!("\n  {i}: {cause}"));
+        i += 1;
+        source = cause.source();
+    }
+    out
+}
+
+/// The vhost-user capabilities JSON libvirt reads (`--print-capabilities`).
+pub const CAPABILITIES_JSON: &str =
+    "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"separate-options\"\n  ]\n}\n";

@@ -1,0 +1,523 @@
+//! vhost-user glue for virtio-fs: queues, features, config space, `handle_event`.
+//!
+//! Queue 0 is the hiprio queue (FORGET, INTERRUPT), queues 1..=N carry requests. Each queue has
+//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there and
+//! handed to a worker pool (`--thread-pool-size`; 0 = serve inline), so one slow Ceph call does
+//! not stall the queue. A worker builds the FUSE `Reader`/`Writer` from the chain, calls the
+//! server, then returns the chain (`add_used`) and notifies the guest when EVENT_IDX says so.
+//!
+//! This layer knows nothing of Ceph: it is generic over the filesystem.
+
+use std::io;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+use std::thread::JoinHandle;
+
+use fuse_backend_rs::api::filesystem::FileSystem;
+use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
+use tracing::{debug, error, warn};
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost_user_backend::{VhostUserBackend, VringMutex, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use virtio_queue::{DescriptorChain, QueueT};
+use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
+
+use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
+use crate::server::{ExtraOps, FuseServer, ServerError};
+
+/// Guest memory as vhost-user-backend hands it to us.
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+/// One virtqueue's state, shared between the queue thread and workers.
+pub type Vring = VringMutex<GuestMem>;
+type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
+
+/// Index of the hiprio queue.
+pub const HIPRIO_QUEUE: usize = 0;
+/// Largest queue size we accept (what virtiofsd offers).
+pub const QUEUE_SIZE: usize = 1024;
+/// Size of `struct virtio_fs_config`: tag[36] + le32 num_request_queues.
+pub const VIRTIO_FS_CONFIG_LEN: usize = MAX_TAG_LEN + 4;
+
+/// Settings of the vhost-user device, taken from `Config`.
+#[derive(Debug, Clone)]
+pub struct BackendOptions {
+    /// Mount tag for the config space; `None` = no CONFIG protocol feature.
+    pub tag: Option<String>,
+    /// Request queues (1..=63); the hiprio queue comes on top.
+    pub request_queues: u16,
+    /// FUSE worker threads; 0 = serve in the queue thread.
+    pub thread_pool_size: usize,
+}
+
+/// Why a descriptor chain was returned to the guest unanswered.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    #[error("Cannot map the request's readable descriptors")]
+    Reader(#[source] fuse_backend_rs::transport::Error),
+    #[error("Cannot map the request's writable descriptors")]
+    Writer(#[source] fuse_backend_rs::transport::Error),
+    #[error("Cannot serve the request")]
+    Server(#[source] ServerError),
+}
+
+/// Why the backend could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("--queues {0} is out of range (1 to 63)")]
+    BadQueues(u16),
+    #[error("Cannot start FUSE worker thread (lower --thread-pool-size or raise the task limit)")]
+    SpawnWorker(#[source] io::Error),
+}
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+/// A fixed pool of FUSE worker threads fed through one channel.
+struct WorkerPool {
+    sender: Mutex<Option<Sender<Job>>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl WorkerPool {
+    fn new(size: usize) -> Result<Self, BackendError> {
+        let (sender, receiver) = mpsc::channel::<Job>();
+        let receiver = Arc::new(Mutex::new(receiver));
+        let mut threads = Vec::with_capacity(size);
+        for i in 0..size {
+            let receiver = receiver.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("fuse-worker-{i}"))
+                .spawn(move || worker_loop(&receiver))
+                .map_err(BackendError::SpawnWorker)?;
+            threads.push(handle);
+        }
+        Ok(WorkerPool {
+            sender: Mutex::new(Some(sender)),
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Queue a job; if the pool is shut down, run it here instead (never lose a chain).
+    fn submit(&self, job: Job) {
+        let sender = self
+            .sender
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match sender {
+            Some(s) => {
+                if let Err(mpsc::SendError(job)) = s.send(job) {
+                    job();
+                }
+            }
+            None => job(),
+        }
+    }
+
+    fn shutdown(&self) {
+        drop(
+            self.sender
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let threads =
+            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        for t in threads {
+            if t.join().is_err() {
+                error!("A FUSE worker thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for WorkerPool {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn worker_loop(receiver: &Mutex<Receiver<Job>>) {
+    loop {
+        // Hold the lock only to dequeue.
+        let job = receiver
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .recv();
+        let Ok(job) = job else { return };
+        if catch_unwind(AssertUnwindSafe(job)).is_err() {
+            error!("A FUSE request handler panicked; the request is lost, serving the others");
+        }
+    }
+}
+
+/// Counts requests in flight so shutdown can wait for them.
+#[derive(Debug, Default)]
+struct InFlight {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+/// Decrements the in-flight count when dropped (also on unwind).
+struct InFlightGuard(Arc<InFlight>);
+
+impl InFlight {
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        InFlightGuard(self.clone())
+    }
+
+    fn wait_idle(&self) {
+        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        while *count > 0 {
+            count = self
+                .idle
+                .wait(count)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let mut count = self.0.count.lock().unwrap_or_else(PoisonError::into_inner);
+        *count = count.saturating_sub(1);
+        if *count == 0 {
+            self.0.idle.notify_all();
+        }
+    }
+}
+
+struct Inner<F: FileSystem + Send + Sync> {
+    server: Arc<FuseServer<F>>,
+    mem: RwLock<Option<GuestMem>>,
+    event_idx: AtomicBool,
+    closed: AtomicBool,
+    in_flight: Arc<InFlight>,
+    pool: Option<WorkerPool>,
+    config_space: Option<[u8; VIRTIO_FS_CONFIG_LEN]>,
+    request_queues: u16,
+}
+
+/// The virtio-fs vhost-user backend. Cheap to clone (shared state).
+pub struct VhostUserFsBackend<F: FileSystem + Send + Sync> {
+    inner: Arc<Inner<F>>,
+}
+
+impl<F: FileSystem + Send + Sync> Clone for VhostUserFsBackend<F> {
+    fn clone(&self) -> Self {
+        VhostUserFsBackend {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<F: FileSystem + Send + Sync> std::fmt::Debug for VhostUserFsBackend<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VhostUserFsBackend")
+            .field("request_queues", &self.inner.request_queues)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Build `struct virtio_fs_config` for a tag.
+fn config_space(tag: &str, request_queues: u16) -> [u8; VIRTIO_FS_CONFIG_LEN] {
+    let mut space = [0u8; VIRTIO_FS_CONFIG_LEN];
+    let bytes = tag.as_bytes();
+    let n = bytes.len().min(MAX_TAG_LEN);
+    if let (Some(dst), Some(src)) = (space.get_mut(..n), bytes.get(..n)) {
+        dst.copy_from_slice(src);
+    }
+    if let Some(dst) = space.get_mut(MAX_TAG_LEN..) {
+        dst.copy_from_slice(&u32::from(request_queues).to_le_bytes());
+    }
+    space
+}
+
+impl<F> VhostUserFsBackend<F>
+where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+{
+    pub fn new(fs: Arc<F>, options: &BackendOptions) -> Result<Self, BackendError> {
+        let q = options.request_queues;
+        if q == 0 || q > MAX_REQUEST_QUEUES {
+            return Err(BackendError::BadQueues(q));
+        }
+        let pool = match options.thread_pool_size {
+            0 => None,
+            n => Some(WorkerPool::new(n)?),
+        };
+        Ok(VhostUserFsBackend {
+            inner: Arc::new(Inner {
+                server: Arc::new(FuseServer::new(fs)),
+                mem: RwLock::new(None),
+                event_idx: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+                in_flight: Arc::new(InFlight::default()),
+                pool,
+                config_space: options.tag.as_deref().map(|t| config_space(t, q)),
+                request_queues: q,
+            }),
+        })
+    }
+
+    /// Forget the previous frontend's memory before a new connection.
+    pub fn reset_connection(&self) {
+        *self
+            .inner
+            .mem
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = None;
+        self.inner.event_idx.store(false, Ordering::Release);
+    }
+
+    /// Stop dispatching new requests and wait until every request in flight has been answered.
+    /// After this returns no FUSE call is running and none will start.
+    pub fn close_and_drain(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        self.inner.in_flight.wait_idle();
+    }
+
+    /// Pop every available chain of `vring` and dispatch it.
+    fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+        loop {
+            if self.inner.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let guard = mem.memory();
+            let chain = vring
+                .get_mut()
+                .get_queue_mut()
+                .pop_descriptor_chain(guard.clone());
+            let Some(chain) = chain else { return };
+            let in_flight = self.inner.in_flight.enter();
+            match (&self.inner.pool, queue) {
+                (Some(pool), q) if q != HIPRIO_QUEUE => {
+                    let server = self.inner.server.clone();
+                    let vring = vring.clone();
+                    pool.submit(Box::new(move || {
+                        complete_chain(&server, &vring, &guard, chain, queue);
+                        drop(in_flight);
+                    }));
+                }
+                _ => {
+                    complete_chain(&self.inner.server, vring, &guard, chain, queue);
+                    drop(in_flight);
+                }
+            }
+        }
+    }
+
+    fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<()> {
+        let mem = self
+            .inner
+            .mem
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(mem) = mem else {
+            warn!(
+                queue,
+                "Queue kicked before the frontend sent a memory table; ignoring"
+            );
+            return Ok(());
+        };
+        if !self.inner.event_idx.load(Ordering::Acquire) {
+            self.drain_queue(vring, &mem, queue);
+            return Ok(());
+        }
+        loop {
+            vring.disable_notification().map_err(queue_error)?;
+            self.drain_queue(vring, &mem, queue);
+            if !vring.enable_notification().map_err(queue_error)? {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn queue_error(e: virtio_queue::Error) -> io::Error {
+    io::Error::other(format!("virtqueue access failed: {e}"))
+}
+
+/// Serve one chain and give it back to the guest. Never panics on guest input.
+fn complete_chain<F>(
+    server: &FuseServer<F>,
+    vring: &Vring,
+    mem: &MemGuard,
+    chain: DescriptorChain<MemGuard>,
+    queue: usize,
+) where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+{
+    let head = chain.head_index();
+    let used = match serve_chain(server, mem, chain) {
+        Ok(n) => u32::try_from(n).unwrap_or_else(|_| {
+            warn!(
+                queue,
+                head, "Reply longer than 4 GiB; returning the chain empty"
+            );
+            0
+        }),
+        Err(e) => {
+            warn!(queue, head, error = %error_chain(&e), "Malformed request; returning it unanswered");
+            0
+        }
+    };
+    if let Err(e) = vring.add_used(head, used) {
+        warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
+        return;
+    }
+    match vring.needs_notification() {
+        Ok(false) => {}
+        Ok(true) | Err(_) => {
+            if let Err(e) = vring.signal_used_queue() {
+                warn!(queue, error = %e, "Cannot notify the guest");
+            }
+        }
+    }
+}
+
+/// Map the chain into a FUSE reader/writer and run the server.
+pub fn serve_chain<F>(
+    server: &FuseServer<F>,
+    mem: &MemGuard,
+    chain: DescriptorChain<MemGuard>,
+) -> Result<usize, ChainError>
+where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+{
+    let reader =
+        Reader::from_descriptor_chain(&**mem, chain.clone()).map_err(ChainError::Reader)?;
+    let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
+    server
+        .handle_message(reader, Writer::from(writer))
+        .map_err(ChainError::Server)
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}
+
+impl<F> VhostUserBackend for VhostUserFsBackend<F>
+where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+{
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        1 + usize::from(self.inner.request_queues)
+    }
+
+    fn max_queue_size(&self) -> usize {
+        QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        (1 << VIRTIO_F_VERSION_1)
+            | (1 << VIRTIO_RING_F_EVENT_IDX)
+            | (1 << VIRTIO_RING_F_INDIRECT_DESC)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        let mut f = VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK;
+        if self.inner.config_space.is_some() {
+            f |= VhostUserProtocolFeatures::CONFIG;
+        }
+        f
+    }
+
+    fn set_event_idx(&self, enabled: bool) {
+        self.inner.event_idx.store(enabled, Ordering::Release);
+    }
+
+    fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
+        let Some(space) = &self.inner.config_space else {
+            return Vec::new();
+        };
+        let start = usize::try_from(offset).unwrap_or(usize::MAX);
+        let end = start.saturating_add(usize::try_from(size).unwrap_or(usize::MAX));
+        match space.get(start..end) {
+            Some(bytes) => bytes.to_vec(),
+            None => {
+                warn!(
+                    offset,
+                    size, "Frontend read outside the virtio-fs config space"
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    fn update_memory(&self, mem: GuestMem) -> io::Result<()> {
+        *self
+            .inner
+            .mem
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(mem);
+        Ok(())
+    }
+
+    /// One vhost-user epoll thread per queue: thread i serves queue i.
+    fn queues_per_thread(&self) -> Vec<u64> {
+        (0..self.num_queues()).map(|i| 1u64 << i).collect()
+    }
+
+    fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
+            Ok(pair) => Some(pair),
+            Err(e) => {
+                error!(thread_index, error = %e, "Cannot create a queue thread exit event");
+                None
+            }
+        }
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        evset: EventSet,
+        vrings: &[Vring],
+        thread_id: usize,
+    ) -> io::Result<()> {
+        if evset != EventSet::IN {
+            warn!(
+                device_event,
+                ?evset,
+                "Unexpected event set on a queue; ignoring"
+            );
+            return Ok(());
+        }
+        // With one queue per thread, `device_event` indexes this thread's single vring and the
+        // thread index is the queue index.
+        let Some(vring) = vrings.get(usize::from(device_event)) else {
+            warn!(device_event, "Event for an unknown queue; ignoring");
+            return Ok(());
+        };
+        debug!(queue = thread_id, "Queue kicked");
+        // An error here means the guest's ring addresses are unusable. Returning it would end
+        // this queue's thread for good; log it and retry on the next kick instead.
+        if let Err(e) = self.process_queue(vring, thread_id) {
+            warn!(queue = thread_id, error = %e, "Cannot process queue");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;

@@ -1,0 +1,495 @@
+//! Real split virtqueues in fake guest memory, driven from the driver side by
+//! `virtio_queue::mock::MockSplitQueue`; the device side is our `handle_event`.
+
+use std::ffi::CStr;
+use std::mem::size_of;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use fuse_backend_rs::abi::fuse_abi::{
+    AttrOut, CopyFileRangeIn, GetattrIn, InHeader, InitIn, OutHeader, WriteOut, ROOT_ID,
+};
+use fuse_backend_rs::api::filesystem::{Context, Entry};
+use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
+use virtio_queue::desc::split::Descriptor as SplitDescriptor;
+use virtio_queue::desc::RawDescriptor;
+use virtio_queue::mock::MockSplitQueue;
+use vm_memory::{ByteValued, Bytes, GuestAddress};
+
+use super::*;
+use crate::server::{FUSE_COPY_FILE_RANGE, FUSE_SYNCFS};
+
+const FUSE_INIT: u32 = 26;
+const FUSE_GETATTR: u32 = 3;
+const QSIZE: u16 = 16;
+const MEM_SIZE: usize = 0x10_0000;
+const DATA_START: u64 = 0x1_0000;
+
+type CopyArgs = (u64, u64, u64, u64, u64, u64, u64, u64);
+
+/// A tiny filesystem: only the root exists.
+#[derive(Default)]
+pub(crate) struct TestFs {
+    copies: Mutex<Vec<CopyArgs>>,
+}
+
+impl FileSystem for TestFs {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn lookup(&self, _ctx: &Context, _parent: u64, _name: &CStr) -> io::Result<Entry> {
+        Err(io::Error::from_raw_os_error(libc::ENOENT))
+    }
+
+    fn getattr(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        _handle: Option<u64>,
+    ) -> io::Result<(libc::stat64, Duration)> {
+        if inode != ROOT_ID {
+            return Err(io::Error::from_raw_os_error(libc::ENOENT));
+        }
+        // SAFETY: stat64 is a C struct of integers; all-zero bytes are a valid value.
+        let mut st: libc::stat64 = unsafe { std::mem::zeroed() };
+        st.st_ino = 1;
+        st.st_mode = libc::S_IFDIR | 0o755;
+        st.st_nlink = 2;
+        Ok((st, Duration::from_secs(1)))
+    }
+}
+
+impl ExtraOps for TestFs {
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        assert_eq!(ctx.uid, 1000);
+        self.copies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((ino_in, fh_in, off_in, ino_out, fh_out, off_out, len, flags));
+        usize::try_from(len / 2).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    fn syncfs(&self, _ctx: &Context, _ino: u64) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(libc::EROFS))
+    }
+}
+
+/// The guest driver's side of one queue.
+struct Driver<'a> {
+    gm: &'a GuestMemoryMmap<()>,
+    mq: MockSplitQueue<'a, GuestMemoryMmap<()>>,
+    next_desc: u16,
+    next_data: u64,
+}
+
+impl<'a> Driver<'a> {
+    fn new(gm: &'a GuestMemoryMmap<()>) -> Self {
+        Driver {
+            gm,
+            mq: MockSplitQueue::create(gm, GuestAddress(0), QSIZE),
+            next_desc: 0,
+            next_data: DATA_START,
+        }
+    }
+
+    fn vring(&self, mem: &GuestMem) -> Vring {
+        let vring = Vring::new(mem.clone(), QSIZE).unwrap_or_else(|e| panic!("{e}"));
+        vring
+            .set_queue_info(
+                self.mq.desc_table_addr().0,
+                self.mq.avail_addr().0,
+                self.mq.used_addr().0,
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        vring.set_queue_size(QSIZE);
+        vring.set_queue_ready(true);
+        vring
+    }
+
+    fn alloc(&mut self, len: u32) -> u64 {
+        let addr = self.next_data;
+        self.next_data += u64::from(len).next_multiple_of(64);
+        addr
+    }
+
+    /// Publish one chain of (address, length, device-writable) descriptors.
+    fn submit_descs(&mut self, descs: &[(u64, u32, bool)]) {
+        let first = self.next_desc;
+        let raw: Vec<RawDescriptor> = descs
+            .iter()
+            .enumerate()
+            .map(|(i, &(addr, len, writable))| {
+                let last = i + 1 == descs.len();
+                let mut flags = if writable { VRING_DESC_F_WRITE } else { 0 };
+                if !last {
+                    flags |= VRING_DESC_F_NEXT;
+                }
+                let next = first + u16::try_from(i + 1).unwrap_or(0);
+                RawDescriptor::from(SplitDescriptor::new(
+                    addr,
+                    len,
+                    u16::try_from(flags).unwrap_or(0),
+                    if last { 0 } else { next },
+                ))
+            })
+            .collect();
+        self.mq
+            .add_desc_chains(&raw, first)
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.next_desc += u16::try_from(descs.len()).unwrap_or(0);
+    }
+
+    /// Publish a request (one readable buffer) with a reply buffer; return the reply address.
+    fn submit(&mut self, request: &[u8], reply_len: u32) -> u64 {
+        let len = u32::try_from(request.len()).unwrap_or(0);
+        let req = self.alloc(len);
+        self.gm
+            .write_slice(request, GuestAddress(req))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let reply = self.alloc(reply_len);
+        self.submit_descs(&[(req, len, false), (reply, reply_len, true)]);
+        reply
+    }
+
+    fn used_idx(&self) -> u16 {
+        self.mq.used().idx().load()
+    }
+
+    /// (head index, bytes written) of used element `i`.
+    fn used(&self, i: usize) -> (u32, u32) {
+        let elem = self
+            .mq
+            .used()
+            .ring()
+            .ref_at(i)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .load();
+        (elem.id(), elem.len())
+    }
+
+    fn read<T: ByteValued>(&self, addr: u64) -> T {
+        self.gm
+            .read_obj(GuestAddress(addr))
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+fn request<T: ByteValued>(opcode: u32, unique: u64, nodeid: u64, body: T) -> Vec<u8> {
+    let header = InHeader {
+        len: u32::try_from(size_of::<InHeader>() + size_of::<T>()).unwrap_or(0),
+        opcode,
+        unique,
+        nodeid,
+        uid: 1000,
+        gid: 1000,
+        pid: 42,
+        padding: 0,
+    };
+    let mut bytes = header.as_slice().to_vec();
+    bytes.extend_from_slice(body.as_slice());
+    bytes
+}
+
+fn init_request(unique: u64) -> Vec<u8> {
+    request(
+        FUSE_INIT,
+        unique,
+        0,
+        InitIn {
+            major: 7,
+            minor: 33,
+            max_readahead: 0x20000,
+            flags: 0,
+        },
+    )
+}
+
+fn backend(threads: usize, tag: Option<&str>) -> (VhostUserFsBackend<TestFs>, Arc<TestFs>) {
+    let fs = Arc::new(TestFs::default());
+    let options = BackendOptions {
+        tag: tag.map(str::to_owned),
+        request_queues: 1,
+        thread_pool_size: threads,
+    };
+    let backend = VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
+    (backend, fs)
+}
+
+fn memory() -> (Arc<GuestMemoryMmap<()>>, GuestMem) {
+    let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
+        .unwrap_or_else(|e| panic!("{e}"));
+    let gm = Arc::new(gm);
+    let atomic = GuestMemoryAtomic::from(gm.clone());
+    (gm, atomic)
+}
+
+fn kick(backend: &VhostUserFsBackend<TestFs>, vring: &Vring, queue: usize) {
+    backend
+        .handle_event(0, EventSet::IN, std::slice::from_ref(vring), queue)
+        .unwrap_or_else(|e| panic!("handle_event failed: {e}"));
+}
+
+#[test]
+fn init_then_getattr_are_answered() {
+    for threads in [0, 2] {
+        let (gm, mem) = memory();
+        let mut driver = Driver::new(&gm);
+        let vring = driver.vring(&mem);
+        let (backend, _fs) = backend(threads, None);
+        backend
+            .update_memory(mem.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+
+        let init_reply = driver.submit(&init_request(1), 256);
+        let getattr = request(FUSE_GETATTR, 2, ROOT_ID, GetattrIn::default());
+        let attr_reply = driver.submit(&getattr, 256);
+        kick(&backend, &vring, 1);
+        // Waits for the workers: afterwards every popped request has been answered.
+        backend.close_and_drain();
+
+        assert_eq!(driver.used_idx(), 2, "threads={threads}");
+        let mut by_head: Vec<(u32, u32)> = (0..2).map(|i| driver.used(i)).collect();
+        by_head.sort_unstable();
+        let init_out: OutHeader = driver.read(init_reply);
+        assert_eq!((init_out.error, init_out.unique), (0, 1));
+        assert_eq!(by_head[0], (0, init_out.len));
+        let attr_out: OutHeader = driver.read(attr_reply);
+        assert_eq!((attr_out.error, attr_out.unique), (0, 2));
+        let expected = u32::try_from(size_of::<OutHeader>() + size_of::<AttrOut>()).unwrap_or(0);
+        assert_eq!(attr_out.len, expected);
+        assert_eq!(by_head[1], (2, expected));
+        let attr: AttrOut = driver.read(attr_reply + size_of::<OutHeader>() as u64);
+        assert_eq!(attr.attr.ino, 1);
+        assert_eq!(attr.attr.mode, libc::S_IFDIR | 0o755);
+    }
+}
+
+#[test]
+fn getattr_of_unknown_inode_carries_errno() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, _fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.submit(&init_request(1), 256);
+    let reply = driver.submit(&request(FUSE_GETATTR, 7, 99, GetattrIn::default()), 256);
+    kick(&backend, &vring, 1);
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique), (-libc::ENOENT, 7));
+}
+
+#[test]
+fn short_header_is_returned_empty_and_serving_continues() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, _fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    driver.submit(&[1, 2, 3, 4, 5, 6, 7, 8], 64);
+    let ok_reply = driver.submit(&init_request(3), 256);
+    kick(&backend, &vring, 1);
+
+    assert_eq!(driver.used_idx(), 2);
+    assert_eq!(driver.used(0), (0, 0));
+    let out: OutHeader = driver.read(ok_reply);
+    assert_eq!((out.error, out.unique), (0, 3));
+}
+
+#[test]
+fn descriptor_outside_memory_is_returned_empty() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, _fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let reply = driver.alloc(64);
+    let outside = u64::try_from(MEM_SIZE).unwrap_or(0) * 16;
+    driver.submit_descs(&[(outside, 64, false), (reply, 64, true)]);
+    // Writable descriptor outside memory too.
+    let req = driver.alloc(64);
+    driver.submit_descs(&[(req, 64, false), (outside, 64, true)]);
+    kick(&backend, &vring, 1);
+
+    assert_eq!(driver.used_idx(), 2);
+    assert_eq!(driver.used(0), (0, 0));
+    assert_eq!(driver.used(1), (2, 0));
+}
+
+#[test]
+fn copy_file_range_reaches_extra_ops() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let arg = CopyFileRangeIn {
+        fh_in: 11,
+        offset_in: 4096,
+        nodeid_out: 5,
+        fh_out: 12,
+        offset_out: 0,
+        len: 1 << 20,
+        flags: 0,
+    };
+    let reply = driver.submit(&request(FUSE_COPY_FILE_RANGE, 9, 4, arg), 64);
+    kick(&backend, &vring, 1);
+
+    let copies = fs
+        .copies
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(copies, vec![(4, 11, 4096, 5, 12, 0, 1 << 20, 0)]);
+    let out: OutHeader = driver.read(reply);
+    let expected = u32::try_from(size_of::<OutHeader>() + size_of::<WriteOut>()).unwrap_or(0);
+    assert_eq!((out.len, out.error, out.unique), (expected, 0, 9));
+    let written: WriteOut = driver.read(reply + size_of::<OutHeader>() as u64);
+    assert_eq!(written.size, 1 << 19);
+    assert_eq!(driver.used(0), (0, expected));
+}
+
+#[test]
+fn truncated_copy_file_range_gets_einval() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let mut bytes = request(FUSE_COPY_FILE_RANGE, 4, 4, CopyFileRangeIn::default());
+    bytes.truncate(size_of::<InHeader>() + 8);
+    let reply = driver.submit(&bytes, 64);
+    kick(&backend, &vring, 1);
+
+    assert!(fs
+        .copies
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .is_empty());
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique), (-libc::EINVAL, 4));
+}
+
+#[test]
+fn syncfs_error_is_replied_with_errno() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, _fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    let reply = driver.submit(&request(FUSE_SYNCFS, 5, ROOT_ID, 0u64), 64);
+    kick(&backend, &vring, 1);
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique), (-libc::EROFS, 5));
+    assert_eq!(out.len, u32::try_from(size_of::<OutHeader>()).unwrap_or(0));
+}
+
+#[test]
+fn event_idx_path_serves_all_requests() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    vring.set_queue_event_idx(true);
+    let (backend, _fs) = backend(0, None);
+    backend.set_event_idx(true);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    for unique in 1..=3 {
+        driver.submit(&init_request(unique), 256);
+    }
+    kick(&backend, &vring, 1);
+    assert_eq!(driver.used_idx(), 3);
+}
+
+#[test]
+fn kick_before_memory_table_is_ignored() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, _fs) = backend(0, None);
+    driver.submit(&init_request(1), 256);
+    kick(&backend, &vring, 1);
+    assert_eq!(driver.used_idx(), 0);
+}
+
+#[test]
+fn features_and_config_space() {
+    let (plain, _) = backend(0, None);
+    let features = plain.features();
+    for bit in [
+        VIRTIO_F_VERSION_1,
+        VIRTIO_RING_F_EVENT_IDX,
+        VIRTIO_RING_F_INDIRECT_DESC,
+    ] {
+        assert_ne!(features & (1 << bit), 0, "feature bit {bit}");
+    }
+    assert_ne!(
+        features & VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits(),
+        0
+    );
+    assert!(plain
+        .protocol_features()
+        .contains(VhostUserProtocolFeatures::MQ));
+    assert!(!plain
+        .protocol_features()
+        .contains(VhostUserProtocolFeatures::CONFIG));
+    assert!(plain.get_config(0, 40).is_empty());
+    assert_eq!(plain.num_queues(), 2);
+    assert_eq!(plain.queues_per_thread(), vec![1, 2]);
+
+    let (tagged, _) = backend(0, Some("cephfs"));
+    assert!(tagged
+        .protocol_features()
+        .contains(VhostUserProtocolFeatures::CONFIG));
+    let space = tagged.get_config(0, 40);
+    assert_eq!(space.len(), 40);
+    assert_eq!(space.get(..6), Some(&b"cephfs"[..]));
+    assert!(space
+        .get(6..36)
+        .is_some_and(|rest| rest.iter().all(|b| *b == 0)));
+    assert_eq!(space.get(36..), Some(&1u32.to_le_bytes()[..]));
+    assert_eq!(tagged.get_config(36, 4), 1u32.to_le_bytes().to_vec());
+    assert!(tagged.get_config(38, 4).is_empty());
+    assert!(tagged.get_config(u32::MAX, u32::MAX).is_empty());
+}
+
+#[test]
+fn rejects_bad_queue_count() {
+    let options = BackendOptions {
+        tag: None,
+        request_queues: 0,
+        thread_pool_size: 0,
+    };
+    assert!(matches!(
+        VhostUserFsBackend::new(Arc::new(TestFs::default()), &options),
+        Err(BackendError::BadQueues(0))
+    ));
+}
