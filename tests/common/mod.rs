@@ -1,0 +1,262 @@
+//! The lab the daemon's integration tests run in: a real Ceph cluster (tests/lab/ceph-dev-cluster)
+//! and a real Linux guest under QEMU (tests/lab/guest/*), both set up by `tests/run`, which
+//! exports where they are. Run the tests through `tests/run`, not bare `cargo test`.
+
+#![allow(dead_code)]
+
+use std::ffi::CString;
+use std::io::Read;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use ceph_client::{Mount, MountBuilder, UserPerm, CEPH_STATX_BASIC_STATS};
+
+pub struct Lab {
+    pub conf: PathBuf,
+    pub client_id: String,
+    pub kernel_cache: PathBuf,
+    pub guest_bin: PathBuf,
+    pub dir: PathBuf,
+    pub top: PathBuf,
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests through tests/run, which starts the Ceph cluster and prepares the guest")
+    })
+}
+
+impl Lab {
+    pub fn get() -> Lab {
+        let top = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        Lab {
+            conf: env("CEPH_CONF").into(),
+            client_id: std::env::var("CEPH_CLIENT_ID").unwrap_or_else(|_| "admin".into()),
+            kernel_cache: env("GUEST_KERNEL_CACHE").into(),
+            guest_bin: env("GUEST_BIN_DIR").into(),
+            dir: env("CEPH_VIRTIOFSD_LAB").into(),
+            top,
+        }
+    }
+
+    /// A second, independent CephFS client (the "other host"), mounted at the filesystem root.
+    pub fn ceph(&self) -> Mount {
+        MountBuilder::new(Some(&self.client_id))
+            .and_then(|b| b.conf_read_file(Some(&self.conf)))
+            .and_then(|b| b.mount("/"))
+            .expect("mount CephFS from the test")
+    }
+
+    /// Create a fresh, world-writable directory at the CephFS root for one test.
+    pub fn export_dir(&self, name: &str) -> String {
+        let m = self.ceph();
+        let root = m.lookup_root().unwrap();
+        let perm = UserPerm::root();
+        let cname = CString::new(name).unwrap();
+        let (dir, _) = m
+            .mkdir(&root, &cname, 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap_or_else(|e| panic!("mkdir /{name} in CephFS: {e}"));
+        // mkdir honours no umask here, but make it explicit.
+        let st = ceph_client::Statx {
+            stx_mode: 0o777,
+            ..Default::default()
+        };
+        m.setattr(&dir, &st, ceph_client::CEPH_SETATTR_MODE, &perm)
+            .unwrap();
+        format!("/{name}")
+    }
+
+    pub fn scratch(&self, name: &str) -> PathBuf {
+        let d = self.dir.join("scratch").join(name);
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+}
+
+/// A running ceph-virtiofsd, stopped (SIGTERM, then SIGKILL) when dropped.
+pub struct Daemon {
+    pub child: Option<Child>,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn start(lab: &Lab, work: &Path, ceph_root: &str, extra: &[&str]) -> Daemon {
+        let socket = work.join("vhost-fs.sock");
+        let log = work.join("daemon.log");
+        let logf = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
+            .arg("--socket-path")
+            .arg(&socket)
+            .arg("--ceph-conf")
+            .arg(&lab.conf)
+            .arg("--client-id")
+            .arg(&lab.client_id)
+            .arg("--ceph-root")
+            .arg(ceph_root)
+            .args(["--log-level", "info"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .expect("start ceph-virtiofsd");
+        let mut d = Daemon {
+            child: Some(child),
+            socket,
+            log,
+        };
+        d.wait_listening();
+        d
+    }
+
+    fn wait_listening(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.socket.exists() {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!(
+                    "ceph-virtiofsd exited ({status}) before listening:\n{}",
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "ceph-virtiofsd did not listen within 60 s:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGTERM and wait; the exit status of the daemon.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return child.wait().ok();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What a guest run printed and how it ended.
+pub struct GuestRun {
+    pub status: ExitStatus,
+    pub console: String,
+}
+
+impl GuestRun {
+    pub fn code(&self) -> i32 {
+        self.status
+            .code()
+            .unwrap_or_else(|| 128 + self.status.signal().unwrap_or(0))
+    }
+
+    /// The "N passed, M failed" closing line of a suite, if printed.
+    pub fn counts(&self, after: &str) -> Option<(u32, u32)> {
+        let start = self.console.find(after).unwrap_or(0);
+        self.console[start..].lines().find_map(|l| {
+            let l = l.trim();
+            let (p, rest) = l.split_once(" passed, ")?;
+            let f = rest
+                .strip_suffix(" failed")
+                .or_else(|| rest.split(" failed").next())?;
+            Some((
+                p.trim().rsplit(' ').next()?.parse().ok()?,
+                f.trim().parse().ok()?,
+            ))
+        })
+    }
+}
+
+/// Boot the guest kernel with `script` as its test program, the share of `daemon` on /mnt, and
+/// `adds` (host path, guest path) copied into the initramfs.
+pub fn run_guest(
+    lab: &Lab,
+    work: &Path,
+    daemon: &Daemon,
+    script: &str,
+    adds: &[(PathBuf, &str)],
+    timeout_secs: u32,
+) -> GuestRun {
+    let script_path = work.join("test.sh");
+    std::fs::write(&script_path, script).unwrap();
+    let initrd = work.join("initramfs.cpio.gz");
+    let mut b = Command::new(lab.top.join("tests/lab/guest/build-initramfs"));
+    b.arg("--kernel-cache")
+        .arg(&lab.kernel_cache)
+        .arg("--out")
+        .arg(&initrd)
+        .arg("--script")
+        .arg(&script_path);
+    for (host, guest) in adds {
+        b.arg("--add").arg(format!("{}:{}", host.display(), guest));
+    }
+    let st = b.status().expect("run build-initramfs");
+    assert!(st.success(), "build-initramfs failed: {st}");
+
+    let console = work.join("console.log");
+    let mut child = Command::new(lab.top.join("tests/lab/guest/run-guest"))
+        .arg("--socket")
+        .arg(&daemon.socket)
+        .args(["--tag", "cephfs"])
+        .arg("--initrd")
+        .arg(&initrd)
+        .arg("--kernel-cache")
+        .arg(&lab.kernel_cache)
+        .args(["--mem", "1G"])
+        .args(["--timeout", &timeout_secs.to_string()])
+        .arg("--log")
+        .arg(&console)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run run-guest");
+    let mut out = String::new();
+    child
+        .stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    let status = child.wait().unwrap();
+    // Show the console in the test's output: it is what tells a failure apart.
+    println!(
+        "---- guest console ({}) ----\n{out}\n---- end ----",
+        work.display()
+    );
+    GuestRun {
+        status,
+        console: out,
+    }
+}
