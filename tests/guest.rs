@@ -1,0 +1,166 @@
+//! ceph-virtiofsd under a real Linux guest: the guest kernel's virtiofs driver mounts the daemon's
+//! socket with `-t virtiofs` under QEMU, against the real test cluster, and runs the in-guest
+//! suites (tests/guest/). Data the guest writes is checked through a second CephFS client, and
+//! the other way round.
+
+mod common;
+
+use std::ffi::CString;
+use std::path::PathBuf;
+
+use ceph_client::{Mount, UserPerm, CEPH_STATX_BASIC_STATS};
+use common::{run_guest, Daemon, Lab};
+
+/// The in-guest suites' data pattern (tests/guest/fs-suite.c, pattern_word): byte i is byte
+/// i % 8 (little endian) of splitmix64 output i / 8 for the seed.
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            let k = (i / 8) as u64;
+            let mut z = seed.wrapping_add((k + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^= z >> 31;
+            (z >> ((i % 8) * 8)) as u8
+        })
+        .collect()
+}
+
+fn walk(m: &Mount, path: &str) -> ceph_client::Inode {
+    let perm = UserPerm::root();
+    let mut cur = m.lookup_root().unwrap();
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        let name = CString::new(c).unwrap();
+        cur = m
+            .lookup(&cur, &name, CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap_or_else(|e| panic!("lookup {c} of {path}: {e}"))
+            .0;
+    }
+    cur
+}
+
+fn write_file(m: &Mount, dir: &str, name: &str, data: &[u8]) {
+    let parent = walk(m, dir);
+    let cname = CString::new(name).unwrap();
+    let (_, _, f) = m
+        .create(
+            &parent,
+            &cname,
+            0o644,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC,
+            CEPH_STATX_BASIC_STATS,
+            0,
+            &UserPerm::root(),
+        )
+        .unwrap();
+    let mut off = 0;
+    while off < data.len() {
+        off += f.write(off as u64, &data[off..]).unwrap();
+    }
+    f.fsync(false).unwrap();
+}
+
+fn read_file(m: &Mount, path: &str) -> Vec<u8> {
+    let ino = walk(m, path);
+    let perm = UserPerm::root();
+    let st = m.getattr(&ino, CEPH_STATX_BASIC_STATS, 0, &perm).unwrap();
+    let f = m.open(&ino, libc::O_RDONLY, &perm).unwrap();
+    let mut buf = vec![0u8; st.stx_size as usize];
+    let mut off = 0;
+    while off < buf.len() {
+        let n = f.read(off as u64, &mut buf[off..]).unwrap();
+        assert!(n > 0, "short file {path}");
+        off += n;
+    }
+    buf
+}
+
+#[test]
+fn guest_suite_and_data_seen_by_another_client() {
+    let lab = Lab::get();
+    let name = format!("guest-suite-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let ceph = lab.ceph();
+    // Written by another CephFS client before the guest boots; the guest verifies it.
+    write_file(&ceph, &export, "from-host.bin", &pattern(7, 2 << 20));
+
+    let work = lab.scratch(&name);
+    let mut daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\n\
+        rc=0\n\
+        /opt/bin/fs-suite /mnt || rc=1\n\
+        echo SUITE-DONE\n\
+        /opt/bin/fs-suite --check-pattern /mnt/from-host.bin 7 2M || rc=1\n\
+        /opt/bin/fs-suite --write-pattern /mnt/from-guest.bin 42 3M || rc=1\n\
+        exit $rc\n";
+    let adds = [(lab.guest_bin.join("fs-suite"), "/opt/bin/fs-suite")];
+    let run = run_guest(&lab, &work, &daemon, script, &adds, 1500);
+
+    let counts = run.counts("");
+    let failed: Vec<&str> = run
+        .console
+        .lines()
+        .filter(|l| l.starts_with("not ok"))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "in-guest checks failed: {failed:#?}\ndaemon log:\n{}",
+        daemon.log_text()
+    );
+    let (passed, nfailed) = counts.expect("the suite printed its closing line");
+    assert_eq!(nfailed, 0);
+    assert!(passed >= 40, "only {passed} checks ran");
+    assert_eq!(run.code(), 0, "guest verdict");
+
+    // What the guest wrote is what another CephFS client reads, byte for byte.
+    let got = read_file(&ceph, &format!("{export}/from-guest.bin"));
+    assert_eq!(got.len(), 3 << 20);
+    assert!(
+        got == pattern(42, 3 << 20),
+        "guest data differs on the Ceph side"
+    );
+
+    // The daemon shuts down cleanly once the guest is gone (frontend disconnected).
+    let status = daemon.stop().expect("daemon status");
+    assert!(
+        status.success(),
+        "daemon exit: {status}\n{}",
+        daemon.log_text()
+    );
+}
+
+#[test]
+fn guest_pjdfstest() {
+    let lab = Lab::get();
+    let pjd: PathBuf = lab.guest_bin.join("pjdfstest");
+    assert!(
+        pjd.exists(),
+        "{} missing: tests/guest/build builds it",
+        pjd.display()
+    );
+    let name = format!("guest-pjdfstest-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let _daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = std::fs::read_to_string(lab.guest_bin.join("pjdfstest.sh")).unwrap();
+    let adds = [
+        (pjd, "/opt/bin/pjdfstest"),
+        (lab.guest_bin.join("pjdfstest.toml"), "/opt/pjdfstest.toml"),
+        // pjdfstest runs `sleep` under another name (ETXTBSY cases); busybox's cannot.
+        (
+            lab.guest_bin.join("pjd-bin/sleep"),
+            "/opt/bin/pjd-bin/sleep",
+        ),
+    ];
+    let run = run_guest(&lab, &work, &_daemon, &script, &adds, 2400);
+    let (passed, failed) = run
+        .counts("")
+        .expect("pjdfstest runner printed its closing line");
+    println!("pjdfstest: {passed} passed, {failed} failed");
+    assert!(passed > 0);
+    assert_eq!(
+        run.code(),
+        0,
+        "pjdfstest runner verdict (see console above)"
+    );
+}
