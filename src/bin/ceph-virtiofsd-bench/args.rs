@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::backend::Ctx;
+use crate::floor::FloorSpec;
 use crate::session::SessionOpts;
 use crate::workload::{Params, Workload};
 
@@ -14,15 +15,27 @@ use crate::workload::{Params, Workload};
 #[command(name = "ceph-virtiofsd-bench", version)]
 pub struct Args {
     /// Daemon under test, as NAME=SOCKET (repeat to compare; rounds run in ABBA order).
+    /// NAME=ceph:/path/to/ceph.conf[:/root] is the "floor": the same operations called
+    /// directly through libcephfs in this process (no daemon, no FUSE).
     #[arg(long = "target", required = true, value_name = "NAME=SOCKET")]
     pub targets: Vec<String>,
+    /// cephx id the floor's libcephfs client connects as.
+    #[arg(long, default_value = "admin")]
+    pub ceph_id: String,
+    /// Admin socket of target NAME's libcephfs client, as NAME=PATH (repeatable): MDS
+    /// requests per workload are read from its perf counters (client.reply). For a floor
+    /// target the bench sets `admin_socket` itself; for a daemon, configure the daemon to
+    /// create it (ours: --ceph-opt admin_socket=PATH; ceph-fuse: --admin-socket PATH).
+    #[arg(long = "admin-socket", value_name = "NAME=PATH")]
+    pub admin_sockets: Vec<String>,
     /// Command that starts target NAME before each of its rounds, as NAME=COMMAND; `{socket}`
     /// is replaced by the target's socket path. Run through `sh -c 'exec COMMAND'`.
     #[arg(long = "launch", value_name = "NAME=COMMAND")]
     pub launch: Vec<String>,
-    /// Target the ratios are computed against (default: the first target).
-    #[arg(long)]
-    pub baseline: Option<String>,
+    /// Targets the ratios are computed against, comma-separated (default: the first
+    /// target); e.g. `--baseline peer,floor`.
+    #[arg(long, value_delimiter = ',')]
+    pub baseline: Vec<String>,
     /// Rounds per target.
     #[arg(long, default_value_t = 2)]
     pub rounds: usize,
@@ -88,12 +101,16 @@ pub struct Target {
     pub name: String,
     pub socket: PathBuf,
     pub launch: Option<String>,
+    /// Set for the libcephfs floor (then `socket` is unused).
+    pub floor: Option<FloorSpec>,
+    /// libcephfs admin socket to read MDS request counts from.
+    pub admin_socket: Option<PathBuf>,
 }
 
 #[derive(Debug)]
 pub struct Config {
     pub targets: Vec<Target>,
-    pub baseline: String,
+    pub baseline: Vec<String>,
     pub rounds: usize,
     pub workloads: Vec<Workload>,
     pub json: Option<PathBuf>,
@@ -109,6 +126,10 @@ pub enum ConfigError {
     DuplicateTarget(String),
     #[error("--launch names {0:?}, which is no --target")]
     LaunchWithoutTarget(String),
+    #[error("--launch {0:?}: a floor target (ceph:...) runs in-process and cannot be launched")]
+    LaunchFloor(String),
+    #[error("--admin-socket names {0:?}, which is no --target")]
+    AsokWithoutTarget(String),
     #[error("--baseline {0:?} is not one of the targets")]
     Baseline(String),
     #[error("Unknown workload {0:?} (see --help for the list)")]
@@ -134,10 +155,13 @@ impl TryFrom<Args> for Config {
             if targets.iter().any(|x| x.name == name) {
                 return Err(ConfigError::DuplicateTarget(name));
             }
+            let floor = FloorSpec::parse(&socket, &a.ceph_id);
             targets.push(Target {
                 name,
                 socket: socket.into(),
                 launch: None,
+                floor,
+                admin_socket: None,
             });
         }
         for l in &a.launch {
@@ -146,13 +170,38 @@ impl TryFrom<Args> for Config {
                 .iter_mut()
                 .find(|t| t.name == name)
                 .ok_or(ConfigError::LaunchWithoutTarget(name))?;
+            if t.floor.is_some() {
+                return Err(ConfigError::LaunchFloor(t.name.clone()));
+            }
             t.launch = Some(cmd);
         }
-        let baseline = match a.baseline {
-            Some(b) if targets.iter().any(|t| t.name == b) => b,
-            Some(b) => return Err(ConfigError::Baseline(b)),
-            None => targets.first().map(|t| t.name.clone()).unwrap_or_default(),
-        };
+        for l in &a.admin_sockets {
+            let (name, path) = pair("admin-socket", l)?;
+            let t = targets
+                .iter_mut()
+                .find(|t| t.name == name)
+                .ok_or(ConfigError::AsokWithoutTarget(name))?;
+            let path = PathBuf::from(path);
+            if let Some(f) = t.floor.as_mut() {
+                f.admin_socket = Some(path.clone());
+            }
+            t.admin_socket = Some(path);
+        }
+        let mut baseline = Vec::new();
+        for b in a
+            .baseline
+            .iter()
+            .map(|b| b.trim())
+            .filter(|b| !b.is_empty())
+        {
+            if !targets.iter().any(|t| t.name == b) {
+                return Err(ConfigError::Baseline(b.to_string()));
+            }
+            baseline.push(b.to_string());
+        }
+        if baseline.is_empty() {
+            baseline.extend(targets.first().map(|t| t.name.clone()));
+        }
         let mut workloads = Vec::new();
         for w in a
             .workload

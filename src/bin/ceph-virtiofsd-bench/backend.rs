@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 /// Credentials a request runs with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ctx {
     pub uid: u32,
     pub gid: u32,

@@ -5,7 +5,9 @@
 //! `Backend`) → `workload` (knows only `Backend`) → `stats` (tables, JSON) → `main` (ABBA rounds).
 
 mod args;
+mod asok;
 mod backend;
+mod floor;
 mod fuse;
 mod session;
 mod stats;
@@ -19,6 +21,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 
 use crate::args::{Args, Config, Target};
+use crate::backend::Backend;
+use crate::floor::{FloorBackend, FloorError};
 use crate::session::{FuseSession, SetupError};
 use crate::stats::Row;
 use crate::workload::{Sample, WorkloadError};
@@ -37,6 +41,8 @@ enum RunError {
     NoSocket(String, String),
     #[error("Target {0}: bringing up the device failed")]
     Setup(String, #[source] SetupError),
+    #[error("Target {0}: starting the libcephfs floor failed")]
+    Floor(String, #[source] FloorError),
     #[error("Target {0}: {1} failed")]
     Workload(String, String, #[source] WorkloadError),
     #[error("Writing {0} failed")]
@@ -122,6 +128,20 @@ fn run_one(
         None => None,
     };
     let result = (|| {
+        if let Some(spec) = &t.floor {
+            let mut f = FloorBackend::connect(spec, cfg.session.max_io)
+                .map_err(|e| RunError::Floor(t.name.clone(), e))?;
+            if print_init {
+                println!(
+                    "# {}: libcephfs floor, {} as client.{}, root {}",
+                    t.name,
+                    spec.conf.display(),
+                    spec.client_id,
+                    spec.root
+                );
+            }
+            return run_workloads(cfg, t, round, &mut f);
+        }
         let mut s = FuseSession::connect(&t.socket, &cfg.session)
             .map_err(|e| RunError::Setup(t.name.clone(), e))?;
         if print_init {
@@ -141,16 +161,50 @@ fn run_one(
                 fuse::flag_names(i.flags)
             );
         }
-        let mut params = cfg.params.clone();
-        params.seed = round as u64;
-        let notes = workload::setup(&mut s, &params)
-            .map_err(|e| RunError::Workload(t.name.clone(), "setup".into(), e))?;
-        for n in notes {
-            println!("# {}: {n}", t.name);
+        let out = run_workloads(cfg, t, round, &mut s);
+        s.close();
+        out
+    })();
+    if let Some(l) = launched {
+        l.stop();
+    }
+    result
+}
+
+/// Setup, then every workload on one connected backend; prints one line per workload.
+fn run_workloads(
+    cfg: &Config,
+    t: &Target,
+    round: usize,
+    b: &mut dyn Backend,
+) -> Result<Vec<(String, bool, Sample)>, RunError> {
+    let mut params = cfg.params.clone();
+    params.seed = round as u64;
+    let notes = workload::setup(b, &params)
+        .map_err(|e| RunError::Workload(t.name.clone(), "setup".into(), e))?;
+    for n in notes {
+        println!("# {}: {n}", t.name);
+    }
+    // MDS request counter of the target's libcephfs client; a failing read is reported once
+    // and the column stays empty.
+    let warned = std::cell::Cell::new(false);
+    let probe = || {
+        let path = t.admin_socket.as_ref()?;
+        match asok::mds_replies(path) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                if !warned.replace(true) {
+                    eprintln!("warning: target {}: {e}; MDS requests not counted", t.name);
+                }
+                None
+            }
         }
-        let mut out = Vec::new();
+    };
+    let mut out = Vec::new();
+    {
+        let b = &mut *b;
         for w in &cfg.workloads {
-            let sample = workload::run(&mut s, *w, &params)
+            let sample = workload::run(b, *w, &params, &probe)
                 .map_err(|e| RunError::Workload(t.name.clone(), w.name(), e))?;
             let thr = if w.is_bandwidth() {
                 format!(
@@ -167,16 +221,22 @@ fn run_one(
                 Some(e) => format!(", {} errors (first: {e})", sample.errors),
                 None => String::new(),
             };
-            println!("round {round} {:<14} {:<16} {thr}{errs}", t.name, w.name());
+            let mds = match sample.mds_requests {
+                Some(m) => format!(
+                    ", {m} MDS requests ({:.4}/op)",
+                    m as f64 / (sample.ops.max(1)) as f64
+                ),
+                None => String::new(),
+            };
+            println!(
+                "round {round} {:<14} {:<16} {thr}{mds}{errs}",
+                t.name,
+                w.name()
+            );
             out.push((w.name(), w.is_bandwidth(), sample));
         }
-        s.close();
-        Ok(out)
-    })();
-    if let Some(l) = launched {
-        l.stop();
     }
-    result
+    Ok(out)
 }
 
 fn run(cfg: &Config) -> Result<bool, RunError> {
@@ -231,7 +291,7 @@ fn run(cfg: &Config) -> Result<bool, RunError> {
             .collect();
         let meta = vec![
             ("tool".to_string(), "ceph-virtiofsd-bench".to_string()),
-            ("baseline".to_string(), cfg.baseline.clone()),
+            ("baseline".to_string(), cfg.baseline.join(",")),
             ("rounds".to_string(), cfg.rounds.to_string()),
             (
                 "request_queues".to_string(),

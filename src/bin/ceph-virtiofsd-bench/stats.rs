@@ -20,6 +20,9 @@ pub struct Summary {
     pub max_us: f64,
     pub notes: Vec<String>,
     pub first_error: Option<String>,
+    /// MDS requests over all rounds that reported them, and per operation.
+    pub mds_requests: Option<u64>,
+    pub mds_per_op: Option<f64>,
 }
 
 /// Nearest-rank percentile of a sorted slice (q in 0..=1).
@@ -67,6 +70,14 @@ pub fn summarize(samples: &[Sample]) -> Summary {
         .collect();
     notes.sort();
     notes.dedup();
+    // Only rounds that know their MDS request count contribute (requests, ops).
+    let mds = samples
+        .iter()
+        .filter_map(|s| s.mds_requests.map(|r| (r, s.ops)))
+        .fold(None, |acc: Option<(u64, u64)>, (r, o)| {
+            let (ar, ao) = acc.unwrap_or((0, 0));
+            Some((ar + r, ao + o))
+        });
     Summary {
         rounds: samples.len(),
         ops: samples.iter().map(|s| s.ops).sum(),
@@ -81,6 +92,8 @@ pub fn summarize(samples: &[Sample]) -> Summary {
         max_us: lat.last().map_or(0.0, |m| *m as f64 / 1000.0),
         notes,
         first_error: samples.iter().find_map(|s| s.first_error.clone()),
+        mds_requests: mds.map(|(r, _)| r),
+        mds_per_op: mds.and_then(|(r, ops)| (ops > 0).then(|| r as f64 / ops as f64)),
     }
 }
 
@@ -101,49 +114,39 @@ fn ratio(a: f64, base: f64) -> String {
     }
 }
 
-/// A markdown table; ratios are against `baseline` (throughput: higher is better; p50/p99:
-/// lower is better).
-pub fn table(rows: &[Row], baseline: &str) -> String {
+/// A markdown table; ratios are against each of `baselines` (throughput: higher is better;
+/// p50/p99: lower is better). "MDS req/op" is MDS requests per operation (– when unknown).
+pub fn table(rows: &[Row], baselines: &[String]) -> String {
     let mut t = String::new();
-    let _ = writeln!(t, "| workload | target | ops/s | MiB/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | errors | thr vs {baseline} | p50 vs {baseline} | p99 vs {baseline} |");
-    let _ = writeln!(
-        t,
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-    );
+    let _ = write!(t, "| workload | target | ops/s | MiB/s | p50 µs | p90 µs | p99 µs | p99.9 µs | max µs | errors | MDS req/op |");
+    let mut sep = String::from("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for b in baselines {
+        let _ = write!(t, " thr vs {b} | p50 vs {b} | p99 vs {b} |");
+        sep.push_str("---:|---:|---:|");
+    }
+    let _ = writeln!(t);
+    let _ = writeln!(t, "{sep}");
     for r in rows {
-        let base = rows
-            .iter()
-            .find(|b| b.workload == r.workload && b.target == baseline)
-            .map(|b| &b.summary);
         let s = &r.summary;
         let thr = if r.bandwidth {
             s.mib_per_s
         } else {
             s.ops_per_s
         };
-        let (tr, p50r, p99r) = match base {
-            Some(b) => (
-                ratio(
-                    thr,
-                    if r.bandwidth {
-                        b.mib_per_s
-                    } else {
-                        b.ops_per_s
-                    },
-                ),
-                ratio(s.p50_us, b.p50_us),
-                ratio(s.p99_us, b.p99_us),
-            ),
-            None => ("–".into(), "–".into(), "–".into()),
-        };
         let mib = if r.bandwidth {
             format!("{:.1}", s.mib_per_s)
         } else {
             "".into()
         };
-        let _ = writeln!(
+        let mds = match s.mds_per_op {
+            Some(0.0) => "0".to_string(),
+            Some(v) if v < 0.01 => format!("{v:.4}"),
+            Some(v) => format!("{v:.2}"),
+            None => "–".into(),
+        };
+        let _ = write!(
             t,
-            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} |",
             r.workload,
             r.target,
             s.ops_per_s,
@@ -154,10 +157,31 @@ pub fn table(rows: &[Row], baseline: &str) -> String {
             s.p999_us,
             s.max_us,
             s.errors,
-            tr,
-            p50r,
-            p99r
+            mds,
         );
+        for baseline in baselines {
+            let base = rows
+                .iter()
+                .find(|b| b.workload == r.workload && &b.target == baseline)
+                .map(|b| &b.summary);
+            let (tr, p50r, p99r) = match base {
+                Some(b) => (
+                    ratio(
+                        thr,
+                        if r.bandwidth {
+                            b.mib_per_s
+                        } else {
+                            b.ops_per_s
+                        },
+                    ),
+                    ratio(s.p50_us, b.p50_us),
+                    ratio(s.p99_us, b.p99_us),
+                ),
+                None => ("–".into(), "–".into(), "–".into()),
+            };
+            let _ = write!(t, " {tr} | {p50r} | {p99r} |");
+        }
+        let _ = writeln!(t);
     }
     t
 }
@@ -204,9 +228,10 @@ pub fn json(
         .map(|r| {
             let s = &r.summary;
             format!(
-                "    {{\"workload\": {}, \"target\": {}, \"rounds\": {}, \"ops\": {}, \"requests\": {}, \"errors\": {}, \"ops_per_s\": {}, \"mib_per_s\": {}, \"p50_us\": {}, \"p90_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"max_us\": {}, \"notes\": [{}]}}",
+                "    {{\"workload\": {}, \"target\": {}, \"rounds\": {}, \"ops\": {}, \"requests\": {}, \"errors\": {}, \"ops_per_s\": {}, \"mib_per_s\": {}, \"p50_us\": {}, \"p90_us\": {}, \"p99_us\": {}, \"p999_us\": {}, \"max_us\": {}, \"mds_requests\": {}, \"mds_per_op\": {}, \"notes\": [{}]}}",
                 jstr(&r.workload), jstr(&r.target), s.rounds, s.ops, s.requests, s.errors, jnum(s.ops_per_s), jnum(s.mib_per_s),
                 jnum(s.p50_us), jnum(s.p90_us), jnum(s.p99_us), jnum(s.p999_us), jnum(s.max_us),
+                s.mds_requests.map_or("null".into(), |v| v.to_string()), s.mds_per_op.map_or("null".into(), |v| format!("{v:.6}")),
                 s.notes.iter().map(|n| jstr(n)).collect::<Vec<_>>().join(", ")
             )
         })
@@ -219,9 +244,10 @@ pub fn json(
             let mut lat = s.lat_ns.clone();
             lat.sort_unstable();
             format!(
-                "    {{\"round\": {round}, \"target\": {}, \"workload\": {}, \"ops\": {}, \"requests\": {}, \"bytes\": {}, \"wall_s\": {}, \"errors\": {}, \"p50_us\": {}, \"p99_us\": {}}}",
+                "    {{\"round\": {round}, \"target\": {}, \"workload\": {}, \"ops\": {}, \"requests\": {}, \"bytes\": {}, \"wall_s\": {}, \"errors\": {}, \"p50_us\": {}, \"p99_us\": {}, \"mds_requests\": {}}}",
                 jstr(target), jstr(w), s.ops, s.requests, s.bytes, jnum(s.wall.as_secs_f64()), s.errors,
-                jnum(percentile(&lat, 0.5) as f64 / 1000.0), jnum(percentile(&lat, 0.99) as f64 / 1000.0)
+                jnum(percentile(&lat, 0.5) as f64 / 1000.0), jnum(percentile(&lat, 0.99) as f64 / 1000.0),
+                s.mds_requests.map_or("null".into(), |v| v.to_string())
             )
         })
         .collect();
@@ -264,6 +290,22 @@ mod tests {
     }
 
     #[test]
+    fn mds_requests_per_op_only_from_rounds_that_counted() {
+        let s = |ops, mds| Sample {
+            ops,
+            wall: Duration::from_secs(1),
+            mds_requests: mds,
+            ..Sample::default()
+        };
+        let m = summarize(&[s(100, Some(0)), s(100, Some(0))]);
+        assert_eq!(m.mds_per_op, Some(0.0));
+        let m = summarize(&[s(100, Some(300)), s(50, None)]);
+        assert_eq!(m.mds_requests, Some(300));
+        assert_eq!(m.mds_per_op, Some(3.0));
+        assert_eq!(summarize(&[s(100, None)]).mds_per_op, None);
+    }
+
+    #[test]
     fn table_has_ratios_against_baseline() {
         let row = |t: &str, ops| Row {
             workload: "w".into(),
@@ -276,9 +318,14 @@ mod tests {
                 ..Summary::default()
             },
         };
-        let t = table(&[row("a", 100.0), row("b", 150.0)], "a");
+        let t = table(
+            &[row("a", 100.0), row("b", 150.0)],
+            &["a".into(), "b".into()],
+        );
         assert!(t.contains("| w | b | 150 |"));
         assert!(t.contains("1.50×"));
+        assert!(t.contains("0.67×"));
+        assert!(t.contains("thr vs b"));
     }
 
     #[test]

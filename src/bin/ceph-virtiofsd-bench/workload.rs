@@ -119,6 +119,9 @@ pub struct Sample {
     pub errors: u64,
     pub first_error: Option<String>,
     pub notes: Vec<String>,
+    /// MDS requests the target's libcephfs client made during the measured part (when its
+    /// admin socket is known).
+    pub mds_requests: Option<u64>,
 }
 
 impl Sample {
@@ -147,6 +150,13 @@ impl Sample {
         }
         s
     }
+}
+
+/// Reads a counter of the target (MDS requests so far); `None` when unknown.
+pub type Probe<'a> = &'a dyn Fn() -> Option<u64>;
+
+fn delta(before: Option<u64>, after: Option<u64>) -> Option<u64> {
+    Some(after?.saturating_sub(before?))
 }
 
 /// A failure that ends the run of a workload (transport breakage or a failing precondition).
@@ -569,7 +579,7 @@ fn with_open<T>(
     r
 }
 
-fn randwrite(b: &mut dyn Backend, p: &Params) -> Result<Sample, WorkloadError> {
+fn randwrite(b: &mut dyn Backend, p: &Params, probe: Probe) -> Result<Sample, WorkloadError> {
     let blocks = (p.randwrite_file_mib << 20) / 4096;
     let seed = p.seed;
     let (ops, depth, user) = (p.randwrite_ops, p.randwrite_depth, p.user);
@@ -581,13 +591,22 @@ fn randwrite(b: &mut dyn Backend, p: &Params) -> Result<Sample, WorkloadError> {
             len: 4096,
             kill_suidgid: true,
         };
-        b.pipeline(user, depth, ops, &make)
+        let before = probe();
+        let mut s = b
+            .pipeline(user, depth, ops, &make)
             .map(|x| Sample::from_batch(x, 1))
-            .map_err(step("randwrite4k"))
+            .map_err(step("randwrite4k"))?;
+        s.mds_requests = delta(before, probe());
+        Ok(s)
     })
 }
 
-fn seq(b: &mut dyn Backend, p: &Params, write: bool) -> Result<Sample, WorkloadError> {
+fn seq(
+    b: &mut dyn Backend,
+    p: &Params,
+    write: bool,
+    probe: Probe,
+) -> Result<Sample, WorkloadError> {
     let mut notes = Vec::new();
     let io = b.max_io().min(1 << 20);
     if io < 1 << 20 {
@@ -619,15 +638,24 @@ fn seq(b: &mut dyn Backend, p: &Params, write: bool) -> Result<Sample, WorkloadE
                 }
             }
         };
-        b.pipeline(user, depth, count, &make)
+        let before = probe();
+        let mut s = b
+            .pipeline(user, depth, count, &make)
             .map(|x| Sample::from_batch(x, 1))
-            .map_err(step(if write { "seqwrite1m" } else { "seqread1m" }))
+            .map_err(step(if write { "seqwrite1m" } else { "seqread1m" }))?;
+        s.mds_requests = delta(before, probe());
+        Ok(s)
     })?;
     s.notes.extend(notes);
     Ok(s)
 }
 
-fn stat_storm(b: &mut dyn Backend, p: &Params, streams: usize) -> Result<Sample, WorkloadError> {
+fn stat_storm(
+    b: &mut dyn Backend,
+    p: &Params,
+    streams: usize,
+    probe: Probe,
+) -> Result<Sample, WorkloadError> {
     // Cached node ids: the walk5 chain and the files, looked up once and held.
     let mut held = Vec::new();
     lookup_path(b, p.user, &walk5_path(), &mut held).map_err(step("stat-storm: lookup"))?;
@@ -638,26 +666,42 @@ fn stat_storm(b: &mut dyn Backend, p: &Params, streams: usize) -> Result<Sample,
     let make = |i: usize| Op::Getattr {
         node: nodes.get(i % nodes.len()).copied().unwrap_or(1),
     };
+    let before = probe();
     let r = b
         .pipeline(p.user, streams, p.stat_ops, &make)
         .map(|x| Sample::from_batch(x, 1))
+        .map(|mut s| {
+            s.mds_requests = delta(before, probe());
+            s
+        })
         .map_err(step("stat-storm"));
     forget_all(b, &mut held).map_err(step("stat-storm: forget"))?;
     r
 }
 
-pub fn run(b: &mut dyn Backend, w: Workload, p: &Params) -> Result<Sample, WorkloadError> {
-    match w {
+/// Runs one workload. `probe` reads the target's MDS request counter: the pipelined
+/// workloads (randwrite4k, seq*, stat-storm-N) count only their timed part; the others count
+/// the whole workload (their untimed part is 2 LOOKUPs and FORGETs).
+pub fn run(
+    b: &mut dyn Backend,
+    w: Workload,
+    p: &Params,
+    probe: Probe,
+) -> Result<Sample, WorkloadError> {
+    let before = probe();
+    let mut s = match w {
         Workload::Walk48 => walk(b, p, &walk48_path()),
         Workload::Walk5 => walk(b, p, &walk5_path()),
         Workload::OpenClose => open_close(b, p),
         Workload::CreateUnlink => create_unlink(b, p),
         Workload::Readdir5000 => readdir(b, p),
-        Workload::Randwrite4k => randwrite(b, p),
-        Workload::Seqwrite1m => seq(b, p, true),
-        Workload::Seqread1m => seq(b, p, false),
-        Workload::StatStorm(n) => stat_storm(b, p, n),
-    }
+        Workload::Randwrite4k => return randwrite(b, p, probe),
+        Workload::Seqwrite1m => return seq(b, p, true, probe),
+        Workload::Seqread1m => return seq(b, p, false, probe),
+        Workload::StatStorm(n) => return stat_storm(b, p, n, probe),
+    }?;
+    s.mds_requests = delta(before, probe());
+    Ok(s)
 }
 
 #[cfg(test)]

@@ -1,0 +1,171 @@
+#!/usr/bin/python3
+"""Renders OUT/RESULTS.md and OUT/ratios.gp (a gnuplot script for OUT/ratios.png) from the
+bench's OUT/bench.json, OUT/bench.log and OUT/meta.env. Called by tests/bench/run.
+Only the Python standard library is used."""
+
+import json
+import sys
+from pathlib import Path
+
+OUT = Path(sys.argv[1])
+data = json.loads((OUT / "bench.json").read_text())
+log = (OUT / "bench.log").read_text().splitlines()
+meta = dict(
+    line.split("=", 1) for line in (OUT / "meta.env").read_text().splitlines() if "=" in line
+)
+
+BW = {"randwrite4k", "seqwrite1m", "seqread1m"}
+# (workload, what is checked, predicate on (ours/peer, ours/floor, ours MDS req/op))
+TARGETS = {
+    "walk48": ("≥ 5× peer", lambda p, f, m: p is not None and p >= 5),
+    "walk5": ("≥ 5× peer", lambda p, f, m: p is not None and p >= 5),
+    "open-close": ("≥ 5× peer", lambda p, f, m: p is not None and p >= 5),
+    "create-unlink": ("≥ 0.9× floor", lambda p, f, m: f is not None and f >= 0.9),
+    "randwrite4k": (
+        "≥ 0.9× floor, 0 MDS req/write",
+        lambda p, f, m: f is not None and f >= 0.9 and m == 0,
+    ),
+    "seqwrite1m": ("≥ 0.9× floor", lambda p, f, m: f is not None and f >= 0.9),
+    "seqread1m": ("≥ 0.9× floor", lambda p, f, m: f is not None and f >= 0.9),
+}
+
+rows = {}
+order = []
+for r in data["summary"]:
+    rows[(r["workload"], r["target"])] = r
+    if r["workload"] not in order:
+        order.append(r["workload"])
+
+
+def thr(w, t):
+    r = rows.get((w, t))
+    if r is None:
+        return None
+    return r["mib_per_s"] if w in BW else r["ops_per_s"]
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def fmt_thr(w, v):
+    if v is None:
+        return "–"
+    if w in BW:
+        return f"{v:,.1f} MiB/s"
+    return f"{v:,.2f}/s" if v < 10 else f"{v:,.0f}/s"
+
+
+def fmt_r(v):
+    return "–" if v is None else f"{v:.2f}×"
+
+
+def fmt_mds(w, t):
+    r = rows.get((w, t))
+    if r is None or r.get("mds_per_op") is None:
+        return "–"
+    v = r["mds_per_op"]
+    return "0" if v == 0 else (f"{v:.4f}" if v < 0.01 else f"{v:.2f}")
+
+
+md = []
+md.append("# ceph-virtiofsd benchmark results\n")
+md.append(
+    "Measured from the host by `ceph-virtiofsd-bench` (a vhost-user-fs frontend playing a Linux "
+    "6.1 guest: FUSE requests over virtqueues in shared memfd memory), against a throwaway "
+    "loopback Ceph cluster (1 mon, 1 memstore OSD, 1 MDS). Variants: **ours** "
+    "(`ceph-virtiofsd`, libcephfs), **peer** (stock `virtiofsd` sharing a host ceph-fuse mount "
+    "of the same cluster: what users run today), **floor** (the same operations called "
+    "directly through libcephfs in the bench process: no FUSE, no daemon). Workloads run as "
+    "uid 1000 in ABBA order over the rounds; throughput is the median over rounds, latency "
+    "percentiles pool all rounds' samples.\n"
+)
+md.append(f"- date: {meta.get('date', '?')}")
+md.append(f"- command: `{meta.get('cmdline', '?')}`"
+          + (f" (ours started with `{meta['ours_opts']}`)" if meta.get("ours_opts") else ""))
+md.append(f"- machine: {meta.get('cpu', '?')}, {meta.get('mem', '?')}, Linux {meta.get('kernel', '?')}")
+md.append(f"- software: {meta.get('ceph', '?')}; {meta.get('virtiofsd', '?')}; ceph-virtiofsd commit {meta.get('commit', '?')}")
+md.append(f"- rounds: {meta.get('rounds', '?')}" + (" (quick sizes)" if meta.get("quick") == "1" else ""))
+md.append("")
+md.append("## Headline: ours vs the peer and vs the libcephfs floor\n")
+md.append("| workload | ours | peer | floor | ours/peer | ours/floor | MDS req/op ours · peer · floor | target | met |")
+md.append("|---|---:|---:|---:|---:|---:|---:|---|---|")
+plot = []
+for w in order:
+    o, p, f = thr(w, "ours"), thr(w, "peer"), thr(w, "floor")
+    rp, rf = ratio(o, p), ratio(o, f)
+    mds_o = rows.get((w, "ours"), {}).get("mds_per_op")
+    tgt, ok = TARGETS.get(w, ("", None))
+    met = "" if ok is None else ("yes" if ok(rp, rf, mds_o) else "**no**")
+    md.append(
+        f"| {w} | {fmt_thr(w, o)} | {fmt_thr(w, p)} | {fmt_thr(w, f)} | {fmt_r(rp)} | {fmt_r(rf)} | "
+        f"{fmt_mds(w, 'ours')} · {fmt_mds(w, 'peer')} · {fmt_mds(w, 'floor')} | {tgt} | {met} |"
+    )
+    plot.append((w, rp, rf))
+
+storm = [w for w in order if w.startswith("stat-storm-")]
+if storm:
+    md.append("")
+    md.append("Stat-storm scaling (GETATTR/s relative to 1 stream; the machine has "
+              f"{meta.get('cpu', '?').rsplit('(', 1)[-1].rstrip(')')}, shared by the bench and the daemon):\n")
+    md.append("| streams | " + " | ".join(["ours", "peer", "floor"]) + " |")
+    md.append("|---:|---:|---:|---:|")
+    for w in storm:
+        cells = []
+        for t in ["ours", "peer", "floor"]:
+            base = thr("stat-storm-1", t)
+            cells.append(f"{fmt_thr(w, thr(w, t))} ({fmt_r(ratio(thr(w, t), base))})")
+        md.append(f"| {w.rsplit('-', 1)[-1]} | " + " | ".join(cells) + " |")
+
+md.append("")
+md.append("Caveats: the bench, the daemons and the cluster share the machine's cores (and, on a "
+          "team machine, other jobs: compare ratios within one run, not absolute figures across "
+          "runs). ours and the floor start a fresh libcephfs client per round; the peer's "
+          "ceph-fuse mount stays up for the whole run (as it would on a host). Each variant "
+          "works in its own subtree (/ours, /peer, /floor), populated the same way by the "
+          "bench's setup.")
+md.append("")
+md.append("## Full table\n")
+md.append("Latencies in µs (from placing a request on the avail ring to taking it off the used "
+          "ring; for the floor, the libcephfs call). One op: walk = LOOKUP per component + "
+          "GETATTR of the leaf; open-close = OPEN+RELEASE; create-unlink = CREATE+RELEASE+UNLINK; "
+          "readdir5000 = OPENDIR + READDIRPLUS pages + RELEASEDIR; randwrite4k = one 4 KiB WRITE "
+          "(64 in flight, FUSE_WRITE_KILL_SUIDGID); seq = one 1 MiB WRITE/READ; stat-storm-N = one "
+          "GETATTR, N streams. MDS req/op: libcephfs perf counter `client.reply` (one per MDS "
+          "reply to a metadata request of that client) read through the client's admin socket, "
+          "per operation; pipelined workloads count only their timed part.\n")
+md.extend(line for line in log if line.startswith("|"))
+notes = [line for line in log if line.startswith("- ") or line.startswith("# ")]
+if notes:
+    md.append("")
+    md.append("## Notes printed by the bench\n")
+    md.append("```")
+    md.extend(notes)
+    md.append("```")
+md.append("")
+md.append("![ratios](ratios.png)")
+md.append("")
+md.append("Raw numbers per round: `bench.json`; the run's output: `bench.log`.")
+(OUT / "RESULTS.md").write_text("\n".join(md) + "\n")
+
+dat = OUT / "ratios.dat"
+with dat.open("w") as fh:
+    fh.write("# workload ours/peer ours/floor\n")
+    for w, rp, rf in plot:
+        fh.write(f"{w} {rp if rp is not None else 'NaN'} {rf if rf is not None else 'NaN'}\n")
+(OUT / "ratios.gp").write_text(f"""set terminal pngcairo size 1000,500 noenhanced font ",10"
+set output "{OUT / 'ratios.png'}"
+set title "ceph-virtiofsd throughput relative to the peer (virtiofsd + ceph-fuse) and the libcephfs floor"
+set style data histograms
+set style histogram cluster gap 1
+set style fill solid 0.8 border -1
+set boxwidth 0.9
+set logscale y 2
+set yrange [0.0078125:32]
+set ylabel "ratio (log scale, higher is better)"
+set grid ytics
+set xtics rotate by -30
+set key top left
+f(x) = 1
+plot "{dat}" using 2:xtic(1) title "ours / peer", "" using 3 title "ours / floor", 1 with lines lw 2 dt 2 lc rgb "black" title "1x"
+""")
