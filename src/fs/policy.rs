@@ -7,7 +7,8 @@
 //!
 //! Rules, in order (the first that applies wins):
 //! 1. Inodes inside a snapshot (snapid is a real snapshot id) never change: they get
-//!    [`IMMUTABLE_TTL`] for entry and attributes, in every cache mode. The `.snap` directory itself
+//!    [`IMMUTABLE_TTL`] for entry and attributes, in every cache mode (capped by rule 2 when the
+//!    snapshot lies in a quarantine-capable directory). The `.snap` directory itself
 //!    is not immutable (snapshots come and go) and follows the ordinary rules.
 //! 2. Inodes whose access can be revoked at any moment (quarantine-capable subvolumes) are capped
 //!    at the quarantine propagation bound, so a quarantine reaches cached dentries in time.
@@ -108,16 +109,16 @@ impl CachePolicy {
 
     /// The timeouts for one inode.
     pub fn ttl(&self, class: NodeClass) -> Ttl {
-        if class.in_snapshot {
-            return Ttl {
-                entry: IMMUTABLE_TTL,
-                attr: IMMUTABLE_TTL,
-            };
-        }
-        let base = match self.mode {
-            CacheMode::Never => Duration::ZERO,
-            CacheMode::Auto => self.auto_ttl,
-            CacheMode::Metadata | CacheMode::Always => LONG_TTL,
+        // A snapshot of a quarantine-capable directory is immutable but still revocable: the
+        // cap below applies to it too (snapshots outside every domain keep the long TTL).
+        let base = if class.in_snapshot {
+            IMMUTABLE_TTL
+        } else {
+            match self.mode {
+                CacheMode::Never => Duration::ZERO,
+                CacheMode::Auto => self.auto_ttl,
+                CacheMode::Metadata | CacheMode::Always => LONG_TTL,
+            }
         };
         let t = if class.revocable {
             base.min(self.revocable_bound)
@@ -134,7 +135,7 @@ impl CachePolicy {
 
     /// Whether the guest may keep its page cache across opens (FOPEN_KEEP_CACHE).
     pub fn keep_cache(&self, class: NodeClass) -> bool {
-        class.in_snapshot || (self.mode == CacheMode::Always && !class.revocable)
+        !class.revocable && (class.in_snapshot || self.mode == CacheMode::Always)
     }
 }
 
@@ -212,6 +213,16 @@ mod tests {
         // A shorter mode TTL is kept as it is.
         assert_eq!(policy(CacheMode::Never).ttl(REVOCABLE).attr, Duration::ZERO);
         assert!(!policy(CacheMode::Always).keep_cache(REVOCABLE));
+        // Snapshots inside a quarantine-capable directory are capped as well.
+        let revocable_snap = NodeClass {
+            in_snapshot: true,
+            revocable: true,
+        };
+        assert_eq!(
+            policy(CacheMode::Auto).ttl(revocable_snap).attr,
+            Duration::from_millis(500)
+        );
+        assert!(!policy(CacheMode::Auto).keep_cache(revocable_snap));
     }
 
     #[test]

@@ -1,0 +1,597 @@
+//! Subvolume quarantine against the real cluster: several daemons (in-process `CephFs`
+//! instances, each with its own libcephfs mount and its own quarantine watcher, exactly as
+//! `main` wires them) and the operator command run as the real binary.
+//!
+//! Subvolumes are made as mgr lays them out (`/volumes/<group>/<name>`), with plain mkdir, so
+//! the cluster needs no mgr; discovery is by that layout.
+
+mod common;
+
+use std::ffi::CString;
+use std::io;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ceph_client::{MountBuilder, UserPerm, CEPH_STATX_BASIC_STATS};
+use ceph_virtiofsd::fs::{CephFs, FsConfig};
+use ceph_virtiofsd::quarantine::{self, CephAccess, QuarantineConfig, Watcher};
+use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions};
+use fuse_backend_rs::api::filesystem::{Context, FileSystem, ListxattrReply};
+
+use common::Lab;
+
+const BOUND: Duration = Duration::from_millis(1000);
+
+fn ctx(uid: u32) -> Context {
+    let mut c = Context::new();
+    c.uid = uid;
+    c.gid = uid;
+    c
+}
+
+fn c(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+fn errno<T>(r: io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => panic!("expected an error, got success"),
+        Err(e) => e.raw_os_error().expect("raw errno"),
+    }
+}
+
+fn access(lab: &Lab, options: Vec<(String, String)>) -> CephAccess {
+    CephAccess {
+        conf: Some(lab.conf.clone()),
+        client_id: Some(lab.client_id.clone()),
+        options,
+        mount_timeout: Duration::from_secs(30),
+        ..Default::default()
+    }
+}
+
+/// One daemon: its filesystem and its watcher (dropped together).
+struct Daemon {
+    fs: CephFs,
+    _watcher: Option<Watcher>,
+}
+
+fn daemon(lab: &Lab, root: &str, q: Option<QuarantineConfig>, asok: Option<&Path>) -> Daemon {
+    let mut b = MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .unwrap();
+    if let Some(a) = asok {
+        b = b.conf_set("admin_socket", &a.to_string_lossy()).unwrap();
+    }
+    let mount = b.mount(root).unwrap();
+    let mut cfg = FsConfig::default();
+    let mut watcher = None;
+    if let Some(q) = q {
+        let (gate, w) = quarantine::start(access(lab, Vec::new()), q.clone(), root).unwrap();
+        cfg.quarantine = Some(gate);
+        cfg.revocable_ttl = q.ttl_bound();
+        watcher = Some(w);
+    }
+    let fs = CephFs::new(mount, cfg).unwrap();
+    fs.init(FsOptions::ASYNC_READ).unwrap();
+    Daemon {
+        fs,
+        _watcher: watcher,
+    }
+}
+
+fn qcfg() -> QuarantineConfig {
+    QuarantineConfig {
+        propagation: BOUND,
+        ..QuarantineConfig::default()
+    }
+}
+
+fn walk(fs: &CephFs, path: &str) -> io::Result<u64> {
+    let mut id = 1;
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        id = fs.lookup(&ctx(0), id, &c(part))?.inode;
+    }
+    Ok(id)
+}
+
+fn open(fs: &CephFs, id: u64) -> u64 {
+    fs.open(&ctx(0), id, libc::O_RDWR as u32, 0)
+        .unwrap()
+        .0
+        .unwrap()
+}
+
+/// An operation on an open handle. READ needs a guest-memory writer; LSEEK takes the same
+/// handle path (handle lookup + the gate on the handle's domain), which is what is tested.
+fn read(fs: &CephFs, id: u64, fh: u64) -> io::Result<u64> {
+    fs.lseek(&ctx(0), id, fh, 0, libc::SEEK_END as u32)
+}
+
+fn run_cmd(lab: &Lab, action: &str, path: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
+        .args(["quarantine", action, path, "--ceph-conf"])
+        .arg(&lab.conf)
+        .args(["--client-id", &lab.client_id])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "quarantine {action} {path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Wait until `f` holds (at most 20 s; the figure is printed, never asserted).
+fn wait_for(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < Duration::from_secs(20), "{what}: never");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let d = t.elapsed();
+    println!("{what}: after {} ms", d.as_millis());
+    d
+}
+
+/// mkdir -p with libcephfs, mode 0777.
+fn mkdirs(lab: &Lab, path: &str) {
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let mut cur = m.lookup_root().unwrap();
+    for part in path.split('/').filter(|p| !p.is_empty()) {
+        let name = c(part);
+        cur = match m.lookup(&cur, &name, 0, 0, &perm) {
+            Ok((i, _)) => i,
+            Err(_) => {
+                m.mkdir(&cur, &name, 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+                    .unwrap()
+                    .0
+            }
+        };
+    }
+}
+
+fn write_file(fs: &CephFs, dir: u64, name: &str) -> u64 {
+    let (e, fh, _, _) = fs
+        .create(
+            &ctx(0),
+            dir,
+            &c(name),
+            CreateIn {
+                flags: libc::O_RDWR as u32,
+                mode: 0o666,
+                umask: 0,
+                fuse_flags: 0,
+            },
+        )
+        .unwrap();
+    let fh = fh.unwrap();
+    fs.release(&ctx(0), e.inode, 0, fh, false, false, None)
+        .unwrap();
+    e.inode
+}
+
+fn has_reserved(fs: &CephFs, id: u64) -> bool {
+    match fs.listxattr(&ctx(0), id, 65536).unwrap() {
+        ListxattrReply::Names(l) => l
+            .windows(b"trusted.ceph-virtiofsd".len())
+            .any(|w| w == b"trusted.ceph-virtiofsd"),
+        ListxattrReply::Count(_) => unreachable!(),
+    }
+}
+
+#[test]
+fn quarantine_end_to_end() {
+    let lab = Lab::get();
+    let group = format!("qt{}", std::process::id());
+    let sva = format!("/volumes/{group}/sva");
+    let svb = format!("/volumes/{group}/svb");
+    mkdirs(&lab, &format!("{sva}/data"));
+    mkdirs(&lab, &format!("{svb}/data"));
+
+    // Daemon A exports the whole filesystem; daemon B exports the inside of subvolume sva.
+    let a = daemon(&lab, "/", Some(qcfg()), None);
+    let b = daemon(&lab, &format!("{sva}/data"), Some(qcfg()), None);
+    // Recovery daemons: global at /, and path-scoped to sva.
+    let g = daemon(
+        &lab,
+        "/",
+        Some(QuarantineConfig {
+            recovery_global: true,
+            ..qcfg()
+        }),
+        None,
+    );
+    let r = daemon(
+        &lab,
+        &format!("{sva}/data"),
+        Some(QuarantineConfig {
+            recovery_paths: vec![sva.clone()],
+            ..qcfg()
+        }),
+        None,
+    );
+
+    // Wait until A's watcher knows both subvolumes (it reads them at start; they existed).
+    let a_sva = walk(&a.fs, &sva).unwrap();
+    let a_data = walk(&a.fs, &format!("{sva}/data")).unwrap();
+    let a_svb_data = walk(&a.fs, &format!("{svb}/data")).unwrap();
+    let a_grp = walk(&a.fs, &format!("/volumes/{group}")).unwrap();
+    let f = write_file(&a.fs, a_data, "f");
+    let g_file = write_file(&a.fs, a_svb_data, "g");
+    let fh = open(&a.fs, f);
+    let dh = a.fs.opendir(&ctx(0), a_data, 0).unwrap().0.unwrap();
+    let b_f = a.fs.lookup(&ctx(0), a_data, &c("f")).unwrap().inode;
+    assert_eq!(b_f, f);
+    let bf = b.fs.lookup(&ctx(0), 1, &c("f")).unwrap().inode;
+    let bfh = open(&b.fs, bf);
+    assert!(read(&a.fs, f, fh).is_ok());
+
+    // Quarantine sva with the operator command (the time counts from its exit).
+    let out = run_cmd(&lab, "enable", &sva);
+    let t0 = Instant::now();
+    assert!(out.contains("quarantined"), "{out}");
+    wait_for("daemon A denies", || {
+        a.fs.getattr(&ctx(0), a_sva, None).is_err()
+    });
+    let t_a = t0.elapsed();
+    wait_for("daemon B denies", || {
+        b.fs.getattr(&ctx(0), 1, None).is_err()
+    });
+    let t_b = t0.elapsed();
+    assert!(run_cmd(&lab, "status", &sva).contains("quarantined"));
+    println!(
+        "propagation bound {} ms; measured A {} ms, B {} ms",
+        BOUND.as_millis(),
+        t_a.as_millis(),
+        t_b.as_millis()
+    );
+
+    let root = ctx(0);
+    let user = ctx(1000);
+    // Everything under sva, for root and non-root callers alike.
+    assert_eq!(errno(a.fs.getattr(&root, a_sva, None)), libc::EACCES);
+    assert_eq!(errno(a.fs.getattr(&user, a_data, None)), libc::EACCES);
+    assert_eq!(errno(a.fs.lookup(&root, a_grp, &c("sva"))), libc::EACCES);
+    assert_eq!(errno(a.fs.lookup(&root, a_data, &c("f"))), libc::EACCES);
+    assert_eq!(errno(a.fs.lookup(&root, a_sva, &c(".snap"))), libc::EACCES);
+    assert_eq!(errno(read(&a.fs, f, fh)), libc::EACCES, "open handle");
+    assert_eq!(errno(a.fs.fsync(&root, f, false, fh)), libc::EACCES);
+    assert_eq!(
+        errno(a.fs.readdir(&root, a_data, dh, 4096, 0, &mut |_| Ok(1))),
+        libc::EACCES,
+        "open directory handle"
+    );
+    assert_eq!(errno(a.fs.open(&root, f, 0, 0)), libc::EACCES);
+    assert_eq!(errno(a.fs.opendir(&root, a_data, 0)), libc::EACCES);
+    assert_eq!(
+        errno(a.fs.mkdir(&root, a_data, &c("d"), 0o755, 0)),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno(a.fs.mkdir(&root, a_sva, &c("d"), 0o755, 0)),
+        libc::EACCES,
+        "snapshots are mkdir in .snap, under the same gate"
+    );
+    assert_eq!(errno(a.fs.unlink(&root, a_data, &c("f"))), libc::EACCES);
+    assert_eq!(
+        errno(a.fs.symlink(&root, &c("x"), a_data, &c("l"))),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno(a.fs.rename(&root, a_data, &c("f"), a_svb_data, &c("f"), 0)),
+        libc::EACCES,
+        "rename out"
+    );
+    assert_eq!(
+        errno(a.fs.rename(&root, a_svb_data, &c("g"), a_data, &c("g"), 0)),
+        libc::EACCES,
+        "rename in"
+    );
+    assert_eq!(
+        errno(a.fs.rename(&root, a_grp, &c("sva"), a_grp, &c("svz"), 0)),
+        libc::EACCES,
+        "rename of the quarantined directory itself"
+    );
+    assert_eq!(
+        errno(a.fs.link(&root, g_file, a_data, &c("hl"))),
+        libc::EACCES
+    );
+    assert_eq!(
+        errno(a.fs.getxattr(&root, f, &c("user.x"), 0)),
+        libc::EACCES
+    );
+    assert_eq!(errno(a.fs.listxattr(&root, a_sva, 0)), libc::EACCES);
+    assert_eq!(
+        errno(a.fs.setxattr(&root, a_data, &c("user.x"), b"1", 0)),
+        libc::EACCES
+    );
+    // Daemon B exports the inside of sva: its root is refused, and its open handle too.
+    assert_eq!(errno(b.fs.lookup(&root, 1, &c("f"))), libc::EACCES);
+    assert_eq!(errno(read(&b.fs, bf, bfh)), libc::EACCES);
+
+    // The sibling subvolume and the group are untouched.
+    a.fs.getattr(&root, a_svb_data, None).unwrap();
+    a.fs.lookup(&root, a_svb_data, &c("g")).unwrap();
+    a.fs.getattr(&root, a_grp, None).unwrap();
+    let gdh = a.fs.opendir(&root, a_grp, 0).unwrap().0.unwrap();
+    let mut names = Vec::new();
+    a.fs.readdirplus(&root, a_grp, gdh, 4096, 0, &mut |d, e| {
+        names.push((d.name.to_vec(), e.inode));
+        Ok(1)
+    })
+    .unwrap();
+    assert!(
+        names.iter().any(|(n, ino)| n == b"sva" && *ino == 0),
+        "a quarantined directory is listed without a node: {names:?}"
+    );
+
+    // Recovery daemons keep access.
+    let g_f = walk(&g.fs, &format!("{sva}/data/f")).unwrap();
+    g.fs.getattr(&root, g_f, None).unwrap();
+    r.fs.lookup(&root, 1, &c("f")).unwrap();
+    // ...and, being guests too, can neither see nor change the quarantine state.
+    let g_sva = walk(&g.fs, &sva).unwrap();
+    assert_eq!(
+        errno(g.fs.getxattr(&root, g_sva, quarantine::STATE_XATTR, 64)),
+        libc::ENODATA
+    );
+    assert!(!has_reserved(&g.fs, g_sva));
+    assert_eq!(
+        errno(g.fs.setxattr(&root, g_sva, quarantine::STATE_XATTR, b"0", 0)),
+        libc::EPERM
+    );
+    assert_eq!(
+        errno(g.fs.removexattr(&root, g_sva, quarantine::STATE_XATTR)),
+        libc::ENODATA
+    );
+    assert!(run_cmd(&lab, "status", &sva).contains("quarantined"));
+
+    // A daemon started now (a restart) starts with the state, before its first request.
+    let fresh = daemon(&lab, &format!("{sva}/data"), Some(qcfg()), None);
+    assert_eq!(errno(fresh.fs.getattr(&root, 1, None)), libc::EACCES);
+    let fresh_root = daemon(&lab, "/", Some(qcfg()), None);
+    assert_eq!(errno(walk(&fresh_root.fs, &sva)), libc::EACCES);
+    walk(&fresh_root.fs, &svb).unwrap();
+    // A daemon without quarantine support is not affected (the feature is the daemon's).
+    let off = daemon(&lab, "/", None, None);
+    walk(&off.fs, &format!("{sva}/data/f")).unwrap();
+
+    // Release: access comes back without remount, open handles included.
+    assert!(run_cmd(&lab, "disable", &sva).contains("released"));
+    wait_for("daemon A allows again", || {
+        a.fs.getattr(&ctx(0), a_sva, None).is_ok()
+    });
+    wait_for("daemon B allows again", || {
+        b.fs.getattr(&ctx(0), 1, None).is_ok()
+    });
+    read(&a.fs, f, fh).unwrap();
+    read(&b.fs, bf, bfh).unwrap();
+    a.fs.lookup(&root, a_data, &c("f")).unwrap();
+    a.fs.readdir(&root, a_data, dh, 4096, 0, &mut |_| Ok(0))
+        .unwrap();
+    wait_for("fresh daemon allows", || {
+        fresh.fs.getattr(&ctx(0), 1, None).is_ok()
+    });
+}
+
+#[test]
+fn new_subvolumes_are_discovered_and_plain_dirs_are_not_domains() {
+    let lab = Lab::get();
+    let group = format!("qn{}", std::process::id());
+    mkdirs(&lab, &format!("/volumes/{group}"));
+    mkdirs(&lab, &format!("/plain-{group}/d"));
+    let a = daemon(&lab, "/", Some(qcfg()), None);
+    // Created after the daemon started, then quarantined at once.
+    let sv = format!("/volumes/{group}/late");
+    mkdirs(&lab, &format!("{sv}/data"));
+    run_cmd(&lab, "enable", &sv);
+    wait_for("new subvolume denied", || walk(&a.fs, &sv).is_err());
+    assert_eq!(errno(walk(&a.fs, &sv)), libc::EACCES);
+    // An ordinary directory is no domain: quarantining it does nothing unless configured.
+    let plain = format!("/plain-{group}");
+    run_cmd(&lab, "enable", &plain);
+    std::thread::sleep(BOUND * 2);
+    walk(&a.fs, &format!("{plain}/d")).unwrap();
+    // ...but a daemon configured with --quarantine-path enforces it.
+    let p = daemon(
+        &lab,
+        "/",
+        Some(QuarantineConfig {
+            paths: vec![plain.clone()],
+            ..qcfg()
+        }),
+        None,
+    );
+    assert_eq!(errno(walk(&p.fs, &format!("{plain}/d"))), libc::EACCES);
+    run_cmd(&lab, "disable", &plain);
+    run_cmd(&lab, "disable", &sv);
+    wait_for("released", || walk(&a.fs, &sv).is_ok());
+}
+
+fn mds_requests(asok: &Path) -> u64 {
+    let out = Command::new("ceph")
+        .arg("--admin-daemon")
+        .arg(asok)
+        .args(["perf", "dump"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "perf dump via {}", asok.display());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["client"]["reply"]["avgcount"].as_u64().unwrap()
+}
+
+/// The four traps of the kernel patch set, as MDS request counts: a daemon with quarantine
+/// support (nothing quarantined) must send exactly as many MDS requests as one without, for
+/// owner and non-owner path walks, snapshot reads/stats outside a subvolume, and creates inside
+/// a subvolume. (Lock counts need no test: the gate takes no lock, see quarantine.rs.)
+#[test]
+fn no_extra_mds_requests_with_quarantine_on() {
+    let lab = Lab::get();
+    let tag = format!("qc{}", std::process::id());
+    let sv = format!("/volumes/{tag}/sv");
+    let deep: String = (1..=24).map(|i| format!("/d{i}")).collect();
+    mkdirs(&lab, &format!("/{tag}-plain{deep}"));
+    mkdirs(&lab, &format!("{sv}{deep}"));
+    let work = lab.scratch(&tag);
+    let on_sock = work.join("on.asok");
+    let off_sock = work.join("off.asok");
+    let on = daemon(&lab, "/", Some(qcfg()), Some(&on_sock));
+    let off = daemon(&lab, "/", None, Some(&off_sock));
+    // A snapshot of a plain directory with a file in it.
+    let plain_id = walk(&on.fs, &format!("/{tag}-plain")).unwrap();
+    let snapf = write_file(&on.fs, plain_id, "snapfile");
+    let _ = snapf;
+    let snapdir = walk(&on.fs, &format!("/{tag}-plain/.snap")).unwrap();
+    on.fs.mkdir(&ctx(0), snapdir, &c("s1"), 0o755, 0).unwrap();
+
+    let run = |d: &Daemon, sock: &Path, label: &str| -> Vec<u64> {
+        let mut counts = Vec::new();
+        // Warm the caches once, then measure the second pass.
+        for pass in 0..2 {
+            let before = mds_requests(sock);
+            for uid in [0, 1000] {
+                for base in [format!("/{tag}-plain"), sv.clone()] {
+                    let id = {
+                        let mut id = 1;
+                        for p in format!("{base}{deep}").split('/').filter(|p| !p.is_empty()) {
+                            id = d.fs.lookup(&ctx(uid), id, &c(p)).unwrap().inode;
+                            d.fs.getattr(&ctx(uid), id, None).unwrap();
+                        }
+                        id
+                    };
+                    let _ = id;
+                }
+            }
+            let walks = mds_requests(sock) - before;
+            // Snapshot stats outside a subvolume.
+            let b2 = mds_requests(sock);
+            let sf = walk(&d.fs, &format!("/{tag}-plain/.snap/s1/snapfile")).unwrap();
+            for _ in 0..50 {
+                d.fs.getattr(&ctx(0), sf, None).unwrap();
+            }
+            let snaps = mds_requests(sock) - b2;
+            // Creates inside a (non-quarantined) subvolume.
+            let b3 = mds_requests(sock);
+            let dir = walk(&d.fs, &sv).unwrap();
+            for i in 0..20 {
+                write_file(&d.fs, dir, &format!("{label}-{pass}-{i}"));
+            }
+            let creates = mds_requests(sock) - b3;
+            if pass == 1 {
+                counts = vec![walks, snaps, creates];
+            }
+        }
+        println!("{label}: MDS requests [walks, snapshot stats, 20 creates] = {counts:?}");
+        counts
+    };
+    // Other tests running in parallel touch shared directories (/volumes) and so revoke caps at
+    // random moments: compare up to 3 interleaved attempts and require one equal pair.
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for attempt in 0..3 {
+        with = run(&on, &on_sock, &format!("quarantine on #{attempt}"));
+        without = run(&off, &off_sock, &format!("quarantine off #{attempt}"));
+        if with == without {
+            break;
+        }
+    }
+    assert_eq!(with, without, "quarantine support adds no MDS request");
+
+    // The watcher itself: an unchanged state costs no MDS request per round.
+    let wsock = work.join("watcher.asok");
+    let (_gate, w) = quarantine::start(
+        access(
+            &lab,
+            vec![("admin_socket".into(), wsock.to_string_lossy().into_owned())],
+        ),
+        qcfg(),
+        "/",
+    )
+    .unwrap();
+    std::thread::sleep(BOUND);
+    let b = mds_requests(&wsock);
+    std::thread::sleep(BOUND * 2);
+    let idle = mds_requests(&wsock) - b;
+    println!(
+        "watcher: {idle} MDS requests in {} ms of unchanged state ({} rounds)",
+        (BOUND * 2).as_millis(),
+        (BOUND * 2).as_millis() / qcfg().poll_interval().as_millis()
+    );
+    drop(w);
+}
+
+/// A real guest holding an open file and cached dentries in a subvolume when it is
+/// quarantined: after the bound, writes through the open fd, stat of the cached path and
+/// listing fail with EACCES; the sibling works; the guest cannot read or set the state xattr.
+#[test]
+fn guest_open_handle_and_cached_dentry() {
+    let lab = Lab::get();
+    let group = format!("qg{}", std::process::id());
+    let sv = format!("/volumes/{group}/sv");
+    let sib = format!("/volumes/{group}/sib");
+    mkdirs(&lab, &format!("{sv}/d"));
+    mkdirs(&lab, &format!("{sib}/d"));
+    let work = lab.scratch(&group);
+    let d = common::Daemon::start(&lab, &work, &format!("/volumes/{group}"), &[]);
+    // The guest signals through the share itself: it creates `ready` in the sibling, the host
+    // quarantines `sv` and creates `go`.
+    let script = r#"#!/bin/sh
+r() { if "$@" >/dev/null 2>&1; then echo "QT $1 ok"; else echo "QT $1 fail"; fi; }
+echo hello > /mnt/sv/d/f
+exec 3>>/mnt/sv/d/f
+stat /mnt/sv/d/f >/dev/null && ls /mnt/sv/d >/dev/null
+getfattr -n trusted.ceph-virtiofsd.quarantine /mnt/sv >/dev/null 2>&1 && echo "QT seen"
+setfattr -n trusted.ceph-virtiofsd.quarantine -v 0 /mnt/sib 2>/dev/null && echo "QT set"
+touch /mnt/sib/ready
+i=0; while [ ! -e /mnt/sib/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+sleep 1.5
+if echo more >&3 2>/dev/null; then echo "QT fdwrite ok"; else echo "QT fdwrite fail"; fi
+r stat /mnt/sv/d/f
+r ls /mnt/sv/d
+r cat /mnt/sv/d/f
+r touch /mnt/sv/new
+r stat /mnt/sib/d
+echo "QT done"
+"#;
+    let lab2 = Lab::get();
+    let sv2 = sv.clone();
+    let sib2 = sib.clone();
+    let host = std::thread::spawn(move || {
+        let m = lab2.ceph();
+        let perm = UserPerm::root();
+        let t = Instant::now();
+        loop {
+            let ready = quarantine::resolve(&m, &format!("{sib2}/ready"), &perm).is_ok();
+            if ready || t.elapsed() > Duration::from_secs(120) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        run_cmd(&lab2, "enable", &sv2);
+        mkdirs(&lab2, &format!("{sib2}/go"));
+    });
+    let run = common::run_guest(&lab, &work, &d, script, &[], 240);
+    host.join().unwrap();
+    run_cmd(&lab, "disable", &sv);
+    let con = &run.console;
+    for want in [
+        "QT fdwrite fail",
+        "QT stat fail",
+        "QT ls fail",
+        "QT cat fail",
+        "QT touch fail",
+        "QT stat ok",
+        "QT done",
+    ] {
+        assert!(con.contains(want), "missing {want:?}:\n{con}");
+    }
+    assert!(!con.contains("QT seen") && !con.contains("QT set"), "{con}");
+    assert!(
+        d.log_text().contains("quarantine: operation denied"),
+        "audit line: {}",
+        d.log_text()
+    );
+}
