@@ -9,6 +9,7 @@
 use std::io::{self, Write};
 use std::mem::size_of;
 use std::sync::Arc;
+use std::time::Instant;
 
 use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, OutHeader, WriteOut};
 use fuse_backend_rs::api::filesystem::{Context, FileSystem};
@@ -16,6 +17,8 @@ use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
+
+use crate::metrics::{self, ReplyHead};
 
 /// FUSE_COPY_FILE_RANGE (Linux `include/uapi/linux/fuse.h`).
 pub const FUSE_COPY_FILE_RANGE: u32 = 47;
@@ -91,16 +94,66 @@ where
     }
 
     /// Serve one request; return the number of bytes written to the guest.
+    ///
+    /// `reply_head(n)` reads back the first bytes (up to [`metrics::REPLY_HEAD_LEN`]) of the
+    /// `n`-byte reply just written, for the metrics: the errno and WRITE's size are in there.
+    /// Every request is counted in [`metrics::global`] and logged in a debug-level span.
     pub fn handle_message<S: BitmapSlice>(
         &self,
         reader: Reader<'_, S>,
         writer: Writer<'_, S>,
+        reply_head: impl FnOnce(usize) -> ([u8; metrics::REPLY_HEAD_LEN], usize),
     ) -> Result<usize, ServerError> {
+        let start = Instant::now();
         let mut peek = reader.clone();
         let available = peek.available_bytes();
-        let header: InHeader = peek
-            .read_obj()
-            .map_err(|_| ServerError::ShortHeader(available))?;
+        let Ok(header) = peek.read_obj::<InHeader>() else {
+            metrics::global().record_malformed();
+            return Err(ServerError::ShortHeader(available));
+        };
+        let op = metrics::opcode_name(usize::try_from(header.opcode).unwrap_or(0));
+        let span = tracing::debug_span!(
+            "fuse",
+            op,
+            unique = header.unique,
+            node = header.nodeid,
+            errno = tracing::field::Empty,
+            us = tracing::field::Empty,
+        );
+        let _entered = span.enter();
+        let result = self.dispatch(&header, reader, peek, writer);
+        let elapsed = start.elapsed();
+        let reply = match &result {
+            Ok(n) if *n >= metrics::OUT_HEADER_LEN => {
+                let (head, filled) = reply_head(*n);
+                ReplyHead::parse(header.opcode, head.get(..filled).unwrap_or(&[]), *n)
+            }
+            Ok(_) => None,
+            Err(_) => {
+                metrics::global().record_malformed();
+                None
+            }
+        };
+        metrics::global().record_request(header.opcode, reply.as_ref(), elapsed);
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+            span.record("us", us);
+            if let Some(r) = &reply {
+                span.record("errno", r.errno);
+            }
+            tracing::debug!("FUSE request done");
+        }
+        result
+    }
+
+    fn dispatch<S: BitmapSlice>(
+        &self,
+        header: &InHeader,
+        reader: Reader<'_, S>,
+        peek: Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, ServerError> {
+        let header = *header;
         match header.opcode {
             FUSE_COPY_FILE_RANGE => self.copy_file_range(&header, peek, writer),
             FUSE_SYNCFS => self.syncfs(&header, peek, writer),

@@ -59,6 +59,15 @@ impl FileSystem for TestFs {
     }
 }
 
+impl crate::metrics::FsStats for TestFs {
+    fn node_count(&self) -> usize {
+        0
+    }
+    fn handle_count(&self) -> usize {
+        0
+    }
+}
+
 impl ExtraOps for TestFs {
     fn copy_file_range(
         &self,

@@ -1,0 +1,261 @@
+//! libcephfs health, read from the client's admin socket at scrape time.
+//!
+//! libcephfs exposes no C call for its MDS sessions or pending requests, but every libcephfs
+//! client serves Ceph's admin socket protocol when the `admin_socket` option names a path (the
+//! daemon sets one when metrics are on). We ask it `mds_sessions` (one entry per MDS session with
+//! its state: opening/open/stale/closing ...; and the caps held) and `mds_requests` (metadata
+//! requests sent and not yet answered). Protocol: send the JSON command and a NUL byte; the answer
+//! is a 4-byte big-endian length and that many bytes of JSON.
+//!
+//! The admin socket also answers `config show`, which includes secrets: keep its directory
+//! private (it is created next to the vhost-user socket by default).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::text::{Kind, TextWriter};
+
+/// Largest admin socket answer we read (a `mds_requests` dump of many requests stays far below).
+const MAX_ANSWER: u32 = 16 << 20;
+/// Per-command deadline: a scrape must not hang on a wedged client.
+const TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What the scrape learned about the libcephfs client.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CephHealth {
+    /// The admin socket answered.
+    pub up: bool,
+    /// MDS sessions: (rank, state name, caps held).
+    pub sessions: Vec<(i64, String, u64)>,
+    /// Metadata requests sent to an MDS and not yet answered.
+    pub requests_in_flight: u64,
+}
+
+impl CephHealth {
+    /// Build from the JSON answers of `mds_sessions` and `mds_requests`.
+    pub fn from_answers(sessions: &Value, requests: &Value) -> CephHealth {
+        let sessions = sessions
+            .get("sessions")
+            .and_then(Value::as_array)
+            .map(|list| {
+                list.iter()
+                    .map(|s| {
+                        (
+                            s.get("mds").and_then(Value::as_i64).unwrap_or(-1),
+                            s.get("state")
+                                .and_then(Value::as_str)
+                                .unwrap_or("unknown")
+                                .to_owned(),
+                            s.get("num_caps").and_then(Value::as_u64).unwrap_or(0),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let requests_in_flight = requests
+            .get("requests")
+            .and_then(Value::as_array)
+            .map_or(0, |r| u64::try_from(r.len()).unwrap_or(u64::MAX));
+        CephHealth {
+            up: true,
+            sessions,
+            requests_in_flight,
+        }
+    }
+
+    /// Ask the admin socket at `path`; `up: false` when it does not answer.
+    pub async fn query(path: &Path) -> CephHealth {
+        let sessions = command(path, "mds_sessions").await;
+        let requests = command(path, "mds_requests").await;
+        match (sessions, requests) {
+            (Ok(s), Ok(r)) => CephHealth::from_answers(&s, &r),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(socket = %path.display(), error = %e, "libcephfs admin socket did not answer");
+                CephHealth::default()
+            }
+        }
+    }
+
+    pub fn render(&self, w: &mut TextWriter) {
+        w.family(
+            "ceph_virtiofsd_ceph_admin_socket_up",
+            Kind::Gauge,
+            "1 if the libcephfs admin socket answered this scrape.",
+        );
+        w.sample(
+            "ceph_virtiofsd_ceph_admin_socket_up",
+            &[],
+            u8::from(self.up),
+        );
+        if !self.up {
+            return;
+        }
+        w.family(
+            "ceph_virtiofsd_ceph_mds_sessions",
+            Kind::Gauge,
+            "libcephfs MDS sessions by state (open is healthy; opening, stale, closing are not).",
+        );
+        let mut by_state: BTreeMap<&str, u64> = BTreeMap::new();
+        for (_, state, _) in &self.sessions {
+            *by_state.entry(state).or_default() += 1;
+        }
+        if !by_state.contains_key("open") {
+            by_state.insert("open", 0);
+        }
+        for (state, n) in &by_state {
+            w.sample("ceph_virtiofsd_ceph_mds_sessions", &[("state", state)], n);
+        }
+        w.family(
+            "ceph_virtiofsd_ceph_caps",
+            Kind::Gauge,
+            "Capabilities libcephfs holds from the MDS, by MDS rank.",
+        );
+        for (mds, _, caps) in &self.sessions {
+            let mds = mds.to_string();
+            w.sample("ceph_virtiofsd_ceph_caps", &[("mds", &mds)], caps);
+        }
+        w.family(
+            "ceph_virtiofsd_ceph_mds_requests_in_flight",
+            Kind::Gauge,
+            "Metadata requests libcephfs sent to an MDS and has no answer for yet.",
+        );
+        w.sample(
+            "ceph_virtiofsd_ceph_mds_requests_in_flight",
+            &[],
+            self.requests_in_flight,
+        );
+    }
+}
+
+/// One admin socket command, with a deadline.
+pub async fn command(path: &Path, prefix: &str) -> std::io::Result<Value> {
+    match tokio::time::timeout(TIMEOUT, command_inner(path, prefix)).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+    }
+}
+
+async fn command_inner(path: &Path, prefix: &str) -> std::io::Result<Value> {
+    let mut stream = UnixStream::connect(path).await?;
+    let mut request = serde_json::json!({ "prefix": prefix })
+        .to_string()
+        .into_bytes();
+    request.push(0);
+    stream.write_all(&request).await?;
+    let len = stream.read_u32().await?;
+    if len > MAX_ANSWER {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("admin socket answer of {len} bytes is too large"),
+        ));
+    }
+    let mut body = vec![0u8; usize::try_from(len).unwrap_or(0)];
+    stream.read_exact(&mut body).await?;
+    serde_json::from_slice(&body).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sessions_and_requests() {
+        let sessions = serde_json::json!({
+            "id": 4242,
+            "sessions": [
+                {"mds": 0, "seq": 3, "num_caps": 12, "state": "open"},
+                {"mds": 1, "seq": 0, "num_caps": 0, "state": "stale"}
+            ],
+            "mdsmap_epoch": 7
+        });
+        let requests = serde_json::json!({"requests": [{"tid": 1}, {"tid": 2}]});
+        let h = CephHealth::from_answers(&sessions, &requests);
+        assert!(h.up);
+        assert_eq!(h.requests_in_flight, 2);
+        assert_eq!(h.sessions.len(), 2);
+        let mut w = TextWriter::new();
+        h.render(&mut w);
+        let text = w.finish();
+        for line in [
+            "ceph_virtiofsd_ceph_admin_socket_up 1",
+            "ceph_virtiofsd_ceph_mds_sessions{state=\"open\"} 1",
+            "ceph_virtiofsd_ceph_mds_sessions{state=\"stale\"} 1",
+            "ceph_virtiofsd_ceph_caps{mds=\"0\"} 12",
+            "ceph_virtiofsd_ceph_mds_requests_in_flight 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn down_socket_says_so_only() {
+        let mut w = TextWriter::new();
+        CephHealth::default().render(&mut w);
+        let text = w.finish();
+        assert!(text.contains("ceph_virtiofsd_ceph_admin_socket_up 0\n"));
+        assert!(!text.contains("mds_sessions"));
+    }
+
+    #[test]
+    fn speaks_the_admin_socket_protocol() {
+        let dir = std::env::temp_dir().join(format!("cvfs-asok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let path = dir.join("fake.asok");
+        let _ = std::fs::remove_file(&path);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let health = rt.block_on(async {
+            let listener = tokio::net::UnixListener::bind(&path).unwrap_or_else(|e| panic!("{e}"));
+            let server = tokio::spawn(async move {
+                for _ in 0..2 {
+                    let (mut s, _) = listener.accept().await.unwrap_or_else(|e| panic!("{e}"));
+                    let mut req = Vec::new();
+                    loop {
+                        let b = s.read_u8().await.unwrap_or_else(|e| panic!("{e}"));
+                        if b == 0 {
+                            break;
+                        }
+                        req.push(b);
+                    }
+                    let req: Value = serde_json::from_slice(&req).unwrap_or_else(|e| panic!("{e}"));
+                    let answer = match req.get("prefix").and_then(Value::as_str) {
+                        Some("mds_sessions") => {
+                            r#"{"sessions":[{"mds":0,"num_caps":3,"state":"open"}]}"#
+                        }
+                        Some("mds_requests") => r#"{"requests":[]}"#,
+                        other => panic!("unexpected command {other:?}"),
+                    };
+                    let len = u32::try_from(answer.len()).unwrap_or(0);
+                    s.write_u32(len).await.unwrap_or_else(|e| panic!("{e}"));
+                    s.write_all(answer.as_bytes())
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                }
+            });
+            let health = CephHealth::query(&path).await;
+            server.await.unwrap_or_else(|e| panic!("{e}"));
+            health
+        });
+        assert_eq!(
+            health,
+            CephHealth {
+                up: true,
+                sessions: vec![(0, "open".to_owned(), 3)],
+                requests_in_flight: 0,
+            }
+        );
+        let missing = rt.block_on(CephHealth::query(&dir.join("none.asok")));
+        assert!(!missing.up);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

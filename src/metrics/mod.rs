@@ -1,0 +1,719 @@
+//! Observability: request counters, latency histograms and gauges, served in the Prometheus text
+//! format by a small tokio endpoint ([`endpoint`]) when `--metrics-addr`/`--metrics-socket` is
+//! given.
+//!
+//! Hot-path cost: the data path only does relaxed atomic adds on fixed arrays of one
+//! process-wide [`Metrics`] (no lock, no allocation, no map lookup). Label sets are bounded:
+//! opcodes outside 1..=63 share the "UNKNOWN" slot, errnos outside 1..=133 the "other" slot, so a
+//! guest cannot grow the output. Everything else (table sizes, libcephfs health) is read at scrape
+//! time on the control plane.
+//!
+//! Hooks for other parts of the daemon: [`global`] then [`Metrics::record_request`] (server),
+//! [`Metrics::queue_enter`] (vhost-user), [`quarantine_denied`] (quarantine gate).
+
+pub mod ceph;
+pub mod endpoint;
+pub mod text;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use text::{Kind, TextWriter};
+
+/// Opcode slots: FUSE opcodes 1..=63 have their own; slot 0 collects everything else.
+pub const OPCODE_SLOTS: usize = 64;
+/// Errno slots: 1..=133 (Linux's largest errno is EHWPOISON = 133); slot 0 is "other".
+pub const ERRNO_SLOTS: usize = 134;
+/// Queues whose depth is tracked (hiprio + 63 request queues).
+pub const QUEUE_SLOTS: usize = 64;
+/// Upper bounds of the latency buckets, in microseconds (plus an implicit +Inf bucket).
+pub const LATENCY_BOUNDS_US: [u64; 14] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000,
+    5_000_000,
+];
+const BUCKETS: usize = LATENCY_BOUNDS_US.len() + 1;
+
+/// FUSE_LOOKUP / FUSE_READ / FUSE_WRITE (Linux `include/uapi/linux/fuse.h`).
+pub const FUSE_LOOKUP: u32 = 1;
+pub const FUSE_READ: u32 = 15;
+pub const FUSE_WRITE: u32 = 16;
+/// Size of `struct fuse_out_header`.
+pub const OUT_HEADER_LEN: usize = 16;
+/// Out-header plus `struct fuse_write_out` or `fuse_entry_out.nodeid`: what
+/// [`ReplyHead::parse`] needs to see.
+pub const REPLY_HEAD_LEN: usize = OUT_HEADER_LEN + 8;
+
+// A `const` item (not a static) is what array repeat expressions need: each use is a new atomic.
+#[allow(clippy::declare_interior_mutable_const)]
+const ZERO: AtomicU64 = AtomicU64::new(0);
+
+/// Every counter of the process. One instance ([`global`]); tests make their own.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: [AtomicU64; OPCODE_SLOTS],
+    errors: [[AtomicU64; ERRNO_SLOTS]; OPCODE_SLOTS],
+    latency: [[AtomicU64; BUCKETS]; OPCODE_SLOTS],
+    latency_sum_ns: [AtomicU64; OPCODE_SLOTS],
+    bytes_read: AtomicU64,
+    bytes_written: AtomicU64,
+    malformed: AtomicU64,
+    negative_lookups: AtomicU64,
+    queue_depth: [AtomicI64; QUEUE_SLOTS],
+    quarantine_denials: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+static GLOBAL: Metrics = Metrics::new();
+
+/// The process-wide metrics the daemon records into and the endpoint serves.
+pub fn global() -> &'static Metrics {
+    &GLOBAL
+}
+
+/// Count one request the quarantine gate refused (EACCES under a quarantined subvolume).
+/// For the quarantine engineer: call this wherever a denial is decided.
+pub fn quarantine_denied() {
+    GLOBAL.quarantine_denials.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What the reply written to the guest says, read back after the server answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReplyHead {
+    /// Positive errno, 0 on success.
+    pub errno: i32,
+    /// `fuse_write_out.size` when the reply carries one (successful WRITE).
+    pub write_size: Option<u32>,
+    /// Bytes of payload after the out-header (e.g. the data of a READ).
+    pub payload: usize,
+    /// A successful LOOKUP answered with node id 0: "no such name, cache that".
+    pub negative_entry: bool,
+}
+
+impl ReplyHead {
+    /// Parse the first bytes of a reply of `total` bytes (`head` holds up to
+    /// [`REPLY_HEAD_LEN`] of them) to a request with `opcode`. `None` if there is no out-header.
+    pub fn parse(opcode: u32, head: &[u8], total: usize) -> Option<ReplyHead> {
+        let error = i32::from_ne_bytes(head.get(4..8)?.try_into().ok()?);
+        let errno = error.checked_neg().filter(|e| *e >= 0).unwrap_or(0);
+        let write_size = if opcode == FUSE_WRITE && errno == 0 {
+            head.get(16..20)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_ne_bytes)
+        } else {
+            None
+        };
+        let negative_entry = opcode == FUSE_LOOKUP
+            && errno == 0
+            && head
+                .get(16..24)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_ne_bytes)
+                == Some(0);
+        Some(ReplyHead {
+            errno,
+            write_size,
+            payload: total.saturating_sub(OUT_HEADER_LEN),
+            negative_entry,
+        })
+    }
+}
+
+/// Keeps a queue's in-flight count raised until dropped.
+#[derive(Debug)]
+pub struct QueueDepthGuard {
+    slot: &'static AtomicI64,
+}
+
+impl Drop for QueueDepthGuard {
+    fn drop(&mut self) {
+        self.slot.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn opcode_slot(opcode: u32) -> usize {
+    usize::try_from(opcode)
+        .ok()
+        .filter(|o| *o < OPCODE_SLOTS)
+        .unwrap_or(0)
+}
+
+fn errno_slot(errno: i32) -> usize {
+    usize::try_from(errno)
+        .ok()
+        .filter(|e| *e < ERRNO_SLOTS)
+        .unwrap_or(0)
+}
+
+fn latency_bucket(elapsed: Duration) -> usize {
+    let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+    LATENCY_BOUNDS_US
+        .iter()
+        .position(|b| us <= *b)
+        .unwrap_or(LATENCY_BOUNDS_US.len())
+}
+
+/// Gauges the filesystem reports at scrape time.
+pub trait FsStats: Send + Sync {
+    /// Nodes in the inode table (node ids the guest holds).
+    fn node_count(&self) -> usize;
+    /// Open file and directory handles.
+    fn handle_count(&self) -> usize;
+}
+
+impl FsStats for crate::fs::CephFs {
+    fn node_count(&self) -> usize {
+        crate::fs::CephFs::node_count(self)
+    }
+    fn handle_count(&self) -> usize {
+        crate::fs::CephFs::handle_count(self)
+    }
+}
+
+impl Metrics {
+    pub const fn new() -> Self {
+        Metrics {
+            requests: [ZERO; OPCODE_SLOTS],
+            errors: [const { [ZERO; ERRNO_SLOTS] }; OPCODE_SLOTS],
+            latency: [const { [ZERO; BUCKETS] }; OPCODE_SLOTS],
+            latency_sum_ns: [ZERO; OPCODE_SLOTS],
+            bytes_read: ZERO,
+            bytes_written: ZERO,
+            malformed: ZERO,
+            negative_lookups: ZERO,
+            queue_depth: [const { AtomicI64::new(0) }; QUEUE_SLOTS],
+            quarantine_denials: ZERO,
+        }
+    }
+
+    /// Record one answered (or unanswerable) request. `reply` is `None` when no reply was
+    /// written (FORGET, BATCH_FORGET, or a malformed request).
+    pub fn record_request(&self, opcode: u32, reply: Option<&ReplyHead>, elapsed: Duration) {
+        let op = opcode_slot(opcode);
+        if let Some(c) = self.requests.get(op) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(c) = self
+            .latency
+            .get(op)
+            .and_then(|b| b.get(latency_bucket(elapsed)))
+        {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(c) = self.latency_sum_ns.get(op) {
+            let ns = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+            c.fetch_add(ns, Ordering::Relaxed);
+        }
+        let Some(reply) = reply else { return };
+        if reply.errno != 0 {
+            if let Some(c) = self
+                .errors
+                .get(op)
+                .and_then(|e| e.get(errno_slot(reply.errno)))
+            {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+        match opcode {
+            FUSE_READ => {
+                let n = u64::try_from(reply.payload).unwrap_or(u64::MAX);
+                self.bytes_read.fetch_add(n, Ordering::Relaxed);
+            }
+            FUSE_LOOKUP if reply.negative_entry => {
+                self.negative_lookups.fetch_add(1, Ordering::Relaxed);
+            }
+            FUSE_WRITE => {
+                if let Some(n) = reply.write_size {
+                    self.bytes_written
+                        .fetch_add(u64::from(n), Ordering::Relaxed);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Count a request that could not be parsed or answered at all.
+    pub fn record_malformed(&self) {
+        self.malformed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Count a request of `queue` as in flight until the guard is dropped.
+    pub fn queue_enter(&'static self, queue: usize) -> QueueDepthGuard {
+        let [.., last] = &self.queue_depth;
+        let slot = self.queue_depth.get(queue).unwrap_or(last);
+        slot.fetch_add(1, Ordering::Relaxed);
+        QueueDepthGuard { slot }
+    }
+
+    /// Count a quarantine denial (see [`quarantine_denied`]).
+    pub fn record_quarantine_denial(&self) {
+        self.quarantine_denials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Write every metric family of this process: request counters, then `fs` gauges and the
+    /// libcephfs health when given.
+    pub fn render(
+        &self,
+        queues: usize,
+        fs: Option<&dyn FsStats>,
+        ceph: Option<&ceph::CephHealth>,
+    ) -> String {
+        let mut w = TextWriter::new();
+        self.render_requests(&mut w);
+
+        w.family(
+            "ceph_virtiofsd_read_bytes_total",
+            Kind::Counter,
+            "Bytes returned to the guest by FUSE READ.",
+        );
+        w.sample(
+            "ceph_virtiofsd_read_bytes_total",
+            &[],
+            self.bytes_read.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_write_bytes_total",
+            Kind::Counter,
+            "Bytes written for the guest by FUSE WRITE.",
+        );
+        w.sample(
+            "ceph_virtiofsd_write_bytes_total",
+            &[],
+            self.bytes_written.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_fuse_malformed_requests_total",
+            Kind::Counter,
+            "Requests returned to the guest unanswered (malformed descriptor chain or header).",
+        );
+        w.sample(
+            "ceph_virtiofsd_fuse_malformed_requests_total",
+            &[],
+            self.malformed.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_fuse_negative_lookups_total",
+            Kind::Counter,
+            "LOOKUPs of a missing name answered with a cacheable negative entry instead of \
+             ENOENT (every cache mode but never).",
+        );
+        w.sample(
+            "ceph_virtiofsd_fuse_negative_lookups_total",
+            &[],
+            self.negative_lookups.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_queue_in_flight",
+            Kind::Gauge,
+            "Requests popped from a virtqueue and not yet answered (queue 0 is hiprio).",
+        );
+        for (q, depth) in self
+            .queue_depth
+            .iter()
+            .take(queues.min(QUEUE_SLOTS))
+            .enumerate()
+        {
+            let q = q.to_string();
+            w.sample(
+                "ceph_virtiofsd_queue_in_flight",
+                &[("queue", &q)],
+                depth.load(Ordering::Relaxed).max(0),
+            );
+        }
+        w.family(
+            "ceph_virtiofsd_quarantine_denials_total",
+            Kind::Counter,
+            "Requests refused with EACCES because their subvolume is quarantined.",
+        );
+        w.sample(
+            "ceph_virtiofsd_quarantine_denials_total",
+            &[],
+            self.quarantine_denials.load(Ordering::Relaxed),
+        );
+        if let Some(fs) = fs {
+            w.family(
+                "ceph_virtiofsd_inodes",
+                Kind::Gauge,
+                "Entries of the inode (node id) table.",
+            );
+            w.sample("ceph_virtiofsd_inodes", &[], fs.node_count());
+            w.family(
+                "ceph_virtiofsd_handles",
+                Kind::Gauge,
+                "Open file and directory handles.",
+            );
+            w.sample("ceph_virtiofsd_handles", &[], fs.handle_count());
+        }
+        if let Some(h) = ceph {
+            h.render(&mut w);
+        }
+        w.finish()
+    }
+
+    fn render_requests(&self, w: &mut TextWriter) {
+        w.family(
+            "ceph_virtiofsd_fuse_requests_total",
+            Kind::Counter,
+            "FUSE requests served, by opcode.",
+        );
+        for (op, c) in self.requests.iter().enumerate() {
+            let n = c.load(Ordering::Relaxed);
+            if n > 0 {
+                w.sample(
+                    "ceph_virtiofsd_fuse_requests_total",
+                    &[("op", opcode_name(op))],
+                    n,
+                );
+            }
+        }
+        w.family(
+            "ceph_virtiofsd_fuse_errors_total",
+            Kind::Counter,
+            "FUSE requests answered with an error, by opcode and errno.",
+        );
+        for (op, per_errno) in self.errors.iter().enumerate() {
+            for (errno, c) in per_errno.iter().enumerate() {
+                let n = c.load(Ordering::Relaxed);
+                if n > 0 {
+                    let name = errno_name(errno);
+                    w.sample(
+                        "ceph_virtiofsd_fuse_errors_total",
+                        &[("op", opcode_name(op)), ("errno", &name)],
+                        n,
+                    );
+                }
+            }
+        }
+        w.family(
+            "ceph_virtiofsd_fuse_request_duration_seconds",
+            Kind::Histogram,
+            "Time from reading a FUSE request to writing its reply, by opcode.",
+        );
+        let bounds: Vec<f64> = LATENCY_BOUNDS_US
+            .iter()
+            .map(|us| Duration::from_micros(*us).as_secs_f64())
+            .collect();
+        for (op, buckets) in self.latency.iter().enumerate() {
+            let counts: Vec<u64> = buckets.iter().map(|b| b.load(Ordering::Relaxed)).collect();
+            if counts.iter().all(|c| *c == 0) {
+                continue;
+            }
+            let sum_ns = self
+                .latency_sum_ns
+                .get(op)
+                .map_or(0, |s| s.load(Ordering::Relaxed));
+            w.histogram(
+                "ceph_virtiofsd_fuse_request_duration_seconds",
+                &[("op", opcode_name(op))],
+                &bounds,
+                &counts,
+                Duration::from_nanos(sum_ns).as_secs_f64(),
+            );
+        }
+    }
+}
+
+/// Name of a FUSE opcode (Linux `enum fuse_opcode`), "UNKNOWN" for anything else.
+pub fn opcode_name(opcode: usize) -> &'static str {
+    const NAMES: [&str; 53] = [
+        "UNKNOWN",
+        "LOOKUP",
+        "FORGET",
+        "GETATTR",
+        "SETATTR",
+        "READLINK",
+        "SYMLINK",
+        "UNKNOWN",
+        "MKNOD",
+        "MKDIR",
+        "UNLINK",
+        "RMDIR",
+        "RENAME",
+        "LINK",
+        "OPEN",
+        "READ",
+        "WRITE",
+        "STATFS",
+        "RELEASE",
+        "UNKNOWN",
+        "FSYNC",
+        "SETXATTR",
+        "GETXATTR",
+        "LISTXATTR",
+        "REMOVEXATTR",
+        "FLUSH",
+        "INIT",
+        "OPENDIR",
+        "READDIR",
+        "RELEASEDIR",
+        "FSYNCDIR",
+        "GETLK",
+        "SETLK",
+        "SETLKW",
+        "ACCESS",
+        "CREATE",
+        "INTERRUPT",
+        "BMAP",
+        "DESTROY",
+        "IOCTL",
+        "POLL",
+        "NOTIFY_REPLY",
+        "BATCH_FORGET",
+        "FALLOCATE",
+        "READDIRPLUS",
+        "RENAME2",
+        "LSEEK",
+        "COPY_FILE_RANGE",
+        "SETUPMAPPING",
+        "REMOVEMAPPING",
+        "SYNCFS",
+        "TMPFILE",
+        "STATX",
+    ];
+    NAMES.get(opcode).copied().unwrap_or("UNKNOWN")
+}
+
+/// Symbolic name of an errno ("ENOENT"), or "E<n>" for the rarer ones, "other" for slot 0.
+pub fn errno_name(errno: usize) -> String {
+    const NAMES: [(i32, &str); 44] = [
+        (libc::EPERM, "EPERM"),
+        (libc::ENOENT, "ENOENT"),
+        (libc::ESRCH, "ESRCH"),
+        (libc::EINTR, "EINTR"),
+        (libc::EIO, "EIO"),
+        (libc::ENXIO, "ENXIO"),
+        (libc::E2BIG, "E2BIG"),
+        (libc::EBADF, "EBADF"),
+        (libc::EAGAIN, "EAGAIN"),
+        (libc::ENOMEM, "ENOMEM"),
+        (libc::EACCES, "EACCES"),
+        (libc::EFAULT, "EFAULT"),
+        (libc::EBUSY, "EBUSY"),
+        (libc::EEXIST, "EEXIST"),
+        (libc::EXDEV, "EXDEV"),
+        (libc::ENODEV, "ENODEV"),
+        (libc::ENOTDIR, "ENOTDIR"),
+        (libc::EISDIR, "EISDIR"),
+        (libc::EINVAL, "EINVAL"),
+        (libc::ENFILE, "ENFILE"),
+        (libc::EMFILE, "EMFILE"),
+        (libc::ENOTTY, "ENOTTY"),
+        (libc::ETXTBSY, "ETXTBSY"),
+        (libc::EFBIG, "EFBIG"),
+        (libc::ENOSPC, "ENOSPC"),
+        (libc::ESPIPE, "ESPIPE"),
+        (libc::EROFS, "EROFS"),
+        (libc::EMLINK, "EMLINK"),
+        (libc::EPIPE, "EPIPE"),
+        (libc::ERANGE, "ERANGE"),
+        (libc::EDEADLK, "EDEADLK"),
+        (libc::ENAMETOOLONG, "ENAMETOOLONG"),
+        (libc::ENOLCK, "ENOLCK"),
+        (libc::ENOSYS, "ENOSYS"),
+        (libc::ENOTEMPTY, "ENOTEMPTY"),
+        (libc::ELOOP, "ELOOP"),
+        (libc::ENODATA, "ENODATA"),
+        (libc::EOVERFLOW, "EOVERFLOW"),
+        (libc::EOPNOTSUPP, "EOPNOTSUPP"),
+        (libc::ESHUTDOWN, "ESHUTDOWN"),
+        (libc::ETIMEDOUT, "ETIMEDOUT"),
+        (libc::ESTALE, "ESTALE"),
+        (libc::EDQUOT, "EDQUOT"),
+        (libc::ECANCELED, "ECANCELED"),
+    ];
+    if errno == 0 {
+        return "other".to_owned();
+    }
+    let found = i32::try_from(errno)
+        .ok()
+        .and_then(|e| NAMES.iter().find(|(n, _)| *n == e));
+    match found {
+        Some((_, name)) => (*name).to_owned(),
+        None => format!("E{errno}"),
+    }
+}
+
+/// Where the metrics endpoint listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricsEndpoint {
+    /// HTTP over TCP.
+    Tcp(SocketAddr),
+    /// HTTP over a unix stream socket at this path.
+    Unix(PathBuf),
+}
+
+/// Parse `--metrics-addr`: "PORT" (bound to 127.0.0.1), "IP:PORT" or "[IPv6]:PORT".
+pub fn parse_metrics_addr(s: &str) -> Option<SocketAddr> {
+    let s = s.trim();
+    if let Ok(port) = s.parse::<u16>() {
+        return Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port));
+    }
+    s.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(errno: i32, total: usize, extra: &[u8]) -> Vec<u8> {
+        let mut head = Vec::new();
+        head.extend_from_slice(&u32::try_from(total).unwrap_or(0).to_ne_bytes());
+        head.extend_from_slice(&errno.saturating_neg().to_ne_bytes());
+        head.extend_from_slice(&7u64.to_ne_bytes());
+        head.extend_from_slice(extra);
+        head
+    }
+
+    #[test]
+    fn reply_head_parsing() {
+        let ok_write = reply(0, 24, &[0x00, 0x10, 0, 0, 0, 0, 0, 0]);
+        let h = ReplyHead::parse(FUSE_WRITE, &ok_write, 24).unwrap_or_default();
+        assert_eq!(h.errno, 0);
+        assert_eq!(h.write_size, Some(4096));
+
+        let enoent = reply(libc::ENOENT, 16, &[]);
+        let h = ReplyHead::parse(1, &enoent, 16).unwrap_or_default();
+        assert_eq!(h.errno, libc::ENOENT);
+        assert_eq!(h.write_size, None);
+
+        let read = reply(0, 16 + 100, &[]);
+        let h = ReplyHead::parse(FUSE_READ, &read, 116).unwrap_or_default();
+        assert_eq!(h.payload, 100);
+
+        let mut negative = reply(0, 144, &0u64.to_ne_bytes());
+        assert!(ReplyHead::parse(FUSE_LOOKUP, &negative, 144).is_some_and(|h| h.negative_entry));
+        negative.truncate(20);
+        assert!(!ReplyHead::parse(FUSE_LOOKUP, &negative, 144).is_some_and(|h| h.negative_entry));
+        let positive = reply(0, 144, &5u64.to_ne_bytes());
+        assert!(!ReplyHead::parse(FUSE_LOOKUP, &positive, 144).is_some_and(|h| h.negative_entry));
+
+        // Too short for an out-header: nothing to say.
+        assert_eq!(ReplyHead::parse(1, &[0u8; 6], 6), None);
+        // A positive "error" (never valid) is not an errno.
+        let odd = reply(-5, 16, &[]);
+        assert_eq!(ReplyHead::parse(1, &odd, 16).map(|h| h.errno), Some(0));
+    }
+
+    #[test]
+    fn counts_requests_errors_bytes_and_latency() {
+        static M: Metrics = Metrics::new();
+        let ok = ReplyHead::default();
+        M.record_request(35, Some(&ok), Duration::from_micros(30));
+        M.record_request(35, Some(&ok), Duration::from_millis(2));
+        let enoent = ReplyHead {
+            errno: libc::ENOENT,
+            ..Default::default()
+        };
+        M.record_request(1, Some(&enoent), Duration::from_micros(70));
+        M.record_request(
+            FUSE_WRITE,
+            Some(&ReplyHead {
+                write_size: Some(4096),
+                ..Default::default()
+            }),
+            Duration::from_micros(10),
+        );
+        M.record_request(
+            FUSE_READ,
+            Some(&ReplyHead {
+                payload: 100,
+                ..Default::default()
+            }),
+            Duration::from_secs(10),
+        );
+        // Guest-chosen garbage stays in bounded slots.
+        M.record_request(
+            u32::MAX,
+            Some(&ReplyHead {
+                errno: 100_000,
+                ..Default::default()
+            }),
+            Duration::ZERO,
+        );
+        M.record_request(2, None, Duration::ZERO);
+        let negative = ReplyHead {
+            negative_entry: true,
+            ..Default::default()
+        };
+        M.record_request(FUSE_LOOKUP, Some(&negative), Duration::ZERO);
+        let depth = M.queue_enter(1);
+        let _deep = M.queue_enter(1000);
+        M.record_quarantine_denial();
+
+        struct Fs;
+        impl FsStats for Fs {
+            fn node_count(&self) -> usize {
+                5
+            }
+            fn handle_count(&self) -> usize {
+                2
+            }
+        }
+        let text = M.render(2, Some(&Fs), None);
+        for line in [
+            "ceph_virtiofsd_fuse_requests_total{op=\"CREATE\"} 2",
+            "ceph_virtiofsd_fuse_requests_total{op=\"LOOKUP\"} 2",
+            "ceph_virtiofsd_fuse_negative_lookups_total 1",
+            "ceph_virtiofsd_fuse_requests_total{op=\"FORGET\"} 1",
+            "ceph_virtiofsd_fuse_requests_total{op=\"UNKNOWN\"} 1",
+            "ceph_virtiofsd_fuse_errors_total{op=\"LOOKUP\",errno=\"ENOENT\"} 1",
+            "ceph_virtiofsd_fuse_errors_total{op=\"UNKNOWN\",errno=\"other\"} 1",
+            "ceph_virtiofsd_write_bytes_total 4096",
+            "ceph_virtiofsd_read_bytes_total 100",
+            "ceph_virtiofsd_fuse_request_duration_seconds_bucket{op=\"CREATE\",le=\"0.00005\"} 1",
+            "ceph_virtiofsd_fuse_request_duration_seconds_bucket{op=\"CREATE\",le=\"0.0025\"} 2",
+            "ceph_virtiofsd_fuse_request_duration_seconds_bucket{op=\"READ\",le=\"5\"} 0",
+            "ceph_virtiofsd_fuse_request_duration_seconds_bucket{op=\"READ\",le=\"+Inf\"} 1",
+            "ceph_virtiofsd_fuse_request_duration_seconds_count{op=\"CREATE\"} 2",
+            "ceph_virtiofsd_fuse_request_duration_seconds_sum{op=\"CREATE\"} 0.00203",
+            "ceph_virtiofsd_queue_in_flight{queue=\"0\"} 0",
+            "ceph_virtiofsd_queue_in_flight{queue=\"1\"} 1",
+            "ceph_virtiofsd_quarantine_denials_total 1",
+            "ceph_virtiofsd_inodes 5",
+            "ceph_virtiofsd_handles 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        assert!(!text.contains("op=\"GETATTR\""), "idle opcodes are omitted");
+        drop(depth);
+        let text = M.render(2, None, None);
+        assert!(text.contains("ceph_virtiofsd_queue_in_flight{queue=\"1\"} 0\n"));
+        assert!(!text.contains("ceph_virtiofsd_inodes"));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(opcode_name(35), "CREATE");
+        assert_eq!(opcode_name(16), "WRITE");
+        assert_eq!(opcode_name(52), "STATX");
+        assert_eq!(opcode_name(7), "UNKNOWN");
+        assert_eq!(opcode_name(4096), "UNKNOWN");
+        assert_eq!(errno_name(2), "ENOENT");
+        assert_eq!(errno_name(95), "EOPNOTSUPP");
+        assert_eq!(errno_name(133), "E133");
+        assert_eq!(errno_name(0), "other");
+    }
+
+    #[test]
+    fn metrics_addr() {
+        assert_eq!(
+            parse_metrics_addr("9100"),
+            Some("127.0.0.1:9100".parse().unwrap_or_else(|e| panic!("{e}")))
+        );
+        assert_eq!(
+            parse_metrics_addr("[::1]:9100"),
+            Some("[::1]:9100".parse().unwrap_or_else(|e| panic!("{e}")))
+        );
+        assert_eq!(parse_metrics_addr("localhost:x"), None);
+    }
+}
