@@ -1,0 +1,607 @@
+//! packaging/: the files QEMU, libvirt, Kata, systemd and dpkg read are checked against the
+//! daemon they describe and against the guest harness, so they cannot go stale:
+//! - the systemd unit passes `systemd-analyze verify` and an offline security review, and the
+//!   command line it runs is a valid ceph-virtiofsd configuration;
+//! - the vhost-user descriptor agrees with `--print-capabilities`, and names an installed file;
+//! - the compat wrapper turns libvirt's and Kata's virtiofsd command lines into ours;
+//! - the man page is the one clap_mangen generates from the CLI today;
+//! - the libvirt domain examples are well-formed and point at what the package installs;
+//! - the QEMU example is, argument for argument, what tests/lab/guest/run-guest runs;
+//! - `cargo deb` builds the package and it holds what it should.
+//!
+//! No Ceph cluster and no guest are needed. Needs `systemd-analyze` (package systemd),
+//! `dpkg-deb` and cargo-deb (`cargo install cargo-deb --locked`).
+//! After a CLI change, regenerate the man page: `UPDATE_MANPAGE=1 cargo test --test packaging`.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use ceph_virtiofsd::args::{Args, CacheMode};
+use ceph_virtiofsd::config::{Config, Listen};
+use clap::{CommandFactory, Parser};
+
+const DAEMON: &str = env!("CARGO_BIN_EXE_ceph-virtiofsd");
+
+fn top() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> String {
+    let p = top().join(rel);
+    fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
+}
+
+/// A fresh scratch directory for one test, under cargo's per-target tmp dir.
+fn scratch(name: &str) -> PathBuf {
+    let d = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("packaging")
+        .join(name);
+    let _ = fs::remove_dir_all(&d);
+    fs::create_dir_all(&d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+    // Canonical, so paths the scripts resolve with `pwd` compare equal.
+    fs::canonicalize(&d).unwrap()
+}
+
+fn run(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("run {cmd:?}: {e} (is the program installed?)"))
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn write_script(path: &Path, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    fs::write(path, body).unwrap();
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `[package.metadata.deb].assets` of Cargo.toml: source -> installed absolute path.
+fn deb_assets() -> BTreeMap<String, String> {
+    let manifest: toml::Value = toml::from_str(&read("Cargo.toml")).expect("parse Cargo.toml");
+    let assets = manifest["package"]["metadata"]["deb"]["assets"]
+        .as_array()
+        .expect("[package.metadata.deb] assets");
+    assets
+        .iter()
+        .map(|a| {
+            let a = a.as_array().expect("asset is [source, dest, mode]");
+            let src = a[0].as_str().unwrap().to_owned();
+            let dest = a[1].as_str().unwrap();
+            (src, format!("/{dest}"))
+        })
+        .collect()
+}
+
+fn installed(src: &str) -> String {
+    deb_assets()
+        .remove(src)
+        .unwrap_or_else(|| panic!("{src} is not installed by [package.metadata.deb] assets"))
+}
+
+const UNIT: &str = "packaging/systemd/ceph-virtiofsd@.service";
+
+/// The `Key=value` lines of the unit's [Service] section, in order.
+fn unit_settings() -> Vec<(String, String)> {
+    read(UNIT)
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.starts_with('['))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+fn unit_get(key: &str) -> String {
+    let found: Vec<_> = unit_settings()
+        .into_iter()
+        .filter(|(k, _)| k == key)
+        .collect();
+    assert_eq!(found.len(), 1, "{UNIT}: expected exactly one {key}=");
+    found[0].1.clone()
+}
+
+#[test]
+fn systemd_unit_verifies_and_is_hardened() {
+    let exec = unit_get("ExecStart");
+    let installed_daemon = installed("target/release/ceph-virtiofsd");
+    assert!(
+        exec.starts_with(&format!("{installed_daemon} ")),
+        "ExecStart must run the packaged daemon {installed_daemon}: {exec}"
+    );
+
+    // systemd-analyze wants ExecStart's program to exist: point it at the built binary.
+    let dir = scratch("unit");
+    let unit = read(UNIT).replace(&installed_daemon, DAEMON);
+    fs::write(dir.join("ceph-virtiofsd@.service"), unit).unwrap();
+    let instance = dir.join("ceph-virtiofsd@vm1.service");
+    let out = run(Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .arg(&instance));
+    // verify exits 0 on unknown keys and bad values, but says so on stderr.
+    assert!(
+        out.status.success() && out.stderr.is_empty() && out.stdout.is_empty(),
+        "systemd-analyze verify: {}\n{}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    // Exposure at most 2.0 of 10 ("OK").
+    let out = run(Command::new("systemd-analyze")
+        .args(["security", "--offline=yes", "--threshold=20"])
+        .arg(&instance));
+    assert!(
+        out.status.success(),
+        "systemd-analyze security: exposure above 2.0\n{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+
+    for (key, value) in [
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("ProtectHome", "yes"),
+        ("PrivateTmp", "yes"),
+        ("PrivateDevices", "yes"),
+        ("ReadWritePaths", "/run/ceph-virtiofsd"),
+        ("ReadOnlyPaths", "-/etc/ceph /etc/ceph-virtiofsd"),
+        ("User", "ceph-virtiofsd"),
+        ("Group", "ceph-virtiofsd"),
+        ("RuntimeDirectory", "ceph-virtiofsd"),
+        ("CapabilityBoundingSet", ""),
+        ("SystemCallArchitectures", "native"),
+        ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
+        ("EnvironmentFile", "-/etc/ceph-virtiofsd/%i.env"),
+    ] {
+        assert_eq!(unit_get(key), value, "{UNIT}: {key}=");
+    }
+
+    // The command line the unit runs, for instance vm1 with the example config, is a valid
+    // configuration listening where the unit's sandbox lets it write.
+    let words: Vec<String> = exec
+        .split_whitespace()
+        .filter(|w| *w != "$CEPH_VIRTIOFSD_ARGS")
+        .map(|w| {
+            w.replace(
+                "/etc/ceph-virtiofsd/%i.toml",
+                top().join("config/ceph-virtiofsd.toml").to_str().unwrap(),
+            )
+            .replace("%i", "vm1")
+        })
+        .collect();
+    let args = Args::try_parse_from(&words).unwrap_or_else(|e| panic!("{exec}: {e}"));
+    let config = Config::try_from(args).unwrap_or_else(|e| panic!("{exec}: {e}"));
+    assert_eq!(
+        config.listen,
+        Listen::SocketPath("/run/ceph-virtiofsd/vm1.sock".into())
+    );
+    assert!(config.keep_serving);
+}
+
+const DESCRIPTOR: &str = "packaging/qemu/60-ceph-virtiofsd.json";
+const COMPAT: &str = "packaging/compat/ceph-virtiofsd-compat";
+
+#[test]
+fn vhost_user_descriptor_agrees_with_print_capabilities() {
+    let desc: serde_json::Value = serde_json::from_str(&read(DESCRIPTOR)).expect("parse JSON");
+    let obj = desc.as_object().expect("descriptor is a JSON object");
+    // QEMU's docs/interop/vhost-user.json VhostUserBackend: description, type, binary, *tags.
+    for key in obj.keys() {
+        assert!(
+            ["description", "type", "binary", "tags"].contains(&key.as_str()),
+            "{DESCRIPTOR}: unknown key {key}"
+        );
+    }
+    assert_eq!(
+        desc["binary"].as_str(),
+        Some(installed(COMPAT).as_str()),
+        "{DESCRIPTOR}: binary must be the installed compat wrapper (libvirt runs it with virtiofsd's options)"
+    );
+    let the_path = installed("packaging/qemu/60-ceph-virtiofsd.json");
+    assert!(
+        the_path.starts_with("/usr/share/qemu/vhost-user/"),
+        "{the_path}"
+    );
+
+    // What libvirt runs: the descriptor's binary with --print-capabilities.
+    let mut direct = Command::new(DAEMON);
+    direct.arg("--print-capabilities");
+    let mut wrapped = Command::new(top().join(COMPAT));
+    wrapped
+        .env("CEPH_VIRTIOFSD", DAEMON)
+        .arg("--print-capabilities");
+    for mut cmd in [direct, wrapped] {
+        let out = run(&mut cmd);
+        assert!(out.status.success(), "{cmd:?}: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), ceph_virtiofsd::CAPABILITIES_JSON);
+        let caps: serde_json::Value = serde_json::from_slice(&out.stdout).expect("caps JSON");
+        assert_eq!(
+            caps["type"], desc["type"],
+            "descriptor type vs capabilities"
+        );
+        assert_eq!(caps["type"], "fs");
+    }
+}
+
+/// Run the compat wrapper with a stand-in daemon that prints its arguments, one per line.
+fn compat_translate(args: &[&str]) -> Vec<String> {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("packaging");
+    fs::create_dir_all(&dir).unwrap();
+    let echo = dir.join("echo-args");
+    write_script(&echo, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n");
+    let out = run(Command::new(top().join(COMPAT))
+        .env("CEPH_VIRTIOFSD", &echo)
+        .args(args));
+    assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+    text(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+fn config_of(args: &[String]) -> Config {
+    let argv = std::iter::once("ceph-virtiofsd".to_owned()).chain(args.iter().cloned());
+    let parsed = Args::try_parse_from(argv).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    Config::try_from(parsed).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+}
+
+#[test]
+fn compat_wrapper_maps_libvirt_and_kata_command_lines() {
+    let dir = scratch("compat");
+    let conf = top().join("config/ceph-virtiofsd.toml");
+    let conf = conf.to_str().unwrap();
+    let share = dir.join("share");
+    fs::create_dir(&share).unwrap();
+    fs::copy(conf, share.join("ceph-virtiofsd.toml")).unwrap();
+    let share = share.to_str().unwrap();
+    let sandbox = dir.join("kata-sandbox");
+    fs::create_dir(&sandbox).unwrap();
+    let sandbox = sandbox.to_str().unwrap();
+
+    // libvirt with "separate-options" (what our capabilities announce); source is a file.
+    let got = compat_translate(&[
+        "--fd=3",
+        "--shared-dir",
+        conf,
+        "--cache",
+        "never",
+        "--sandbox",
+        "chroot",
+        "--xattr",
+        "--thread-pool-size=2",
+        "--rlimit-nofile=4096",
+        "--log-level",
+        "debug",
+    ]);
+    assert_eq!(got[..2], ["--config", conf]);
+    assert!(!got.iter().any(|a| a.contains("shared-dir")), "{got:?}");
+    let c = config_of(&got);
+    assert_eq!(c.listen, Listen::Fd(3));
+    assert_eq!(c.cache, CacheMode::Never);
+    assert_eq!(c.thread_pool_size, 2);
+    assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
+
+    // Older libvirt: -o source=...; source is a directory holding ceph-virtiofsd.toml.
+    let opts = format!("source={share},cache=always,xattr");
+    let got = compat_translate(&["--fd=4", "-o", &opts, "--thread-pool-size=1"]);
+    let want_conf = format!("{share}/ceph-virtiofsd.toml");
+    assert_eq!(
+        got,
+        [
+            "--config",
+            want_conf.as_str(),
+            "--fd=4",
+            "-o",
+            "cache=always,xattr",
+            "--thread-pool-size=1"
+        ]
+    );
+    let c = config_of(&got);
+    assert_eq!(c.listen, Listen::Fd(4));
+    assert_eq!(c.cache, CacheMode::Always);
+
+    // Kata: the sandbox directory is dropped, the Ceph options come from virtio_fs_extra_args
+    // (packaging/examples/kata-configuration-qemu.toml).
+    let kata: toml::Value =
+        toml::from_str(&read("packaging/examples/kata-configuration-qemu.toml")).unwrap();
+    let q = &kata["hypervisor"]["qemu"];
+    assert_eq!(q["shared_fs"].as_str(), Some("virtio-fs"));
+    assert_eq!(
+        q["virtio_fs_daemon"].as_str(),
+        Some(installed(COMPAT).as_str())
+    );
+    let cache = format!("--cache={}", q["virtio_fs_cache"].as_str().unwrap());
+    let shared = format!("--shared-dir={sandbox}");
+    let mut argv = vec!["--syslog", &cache, &shared, "--fd=3"];
+    let extra: Vec<&str> = q["virtio_fs_extra_args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    argv.extend(&extra);
+    let got = compat_translate(&argv);
+    assert!(!got.iter().any(|a| a.contains("shared-dir")), "{got:?}");
+    assert!(!got.iter().any(|a| a == "--config"), "{got:?}");
+    let c = config_of(&got);
+    assert_eq!(c.listen, Listen::Fd(3));
+    assert_eq!(c.cache, CacheMode::Auto);
+    assert_eq!(c.ceph.client_id.as_deref(), Some("kata"));
+    assert_eq!(c.ceph.root, "/volumes/_nogroup/kata");
+    assert!(c.log.syslog);
+}
+
+const MANPAGE: &str = "packaging/man/ceph-virtiofsd.8";
+
+#[test]
+fn manpage_is_generated_from_the_cli() {
+    let mut buf = Vec::new();
+    clap_mangen::Man::new(Args::command())
+        .section("8")
+        .render(&mut buf)
+        .expect("render man page");
+    let path = top().join(MANPAGE);
+    if std::env::var_os("UPDATE_MANPAGE").is_some() {
+        fs::write(&path, &buf).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+    let current = fs::read(&path).unwrap_or_default();
+    assert!(
+        current == buf,
+        "{MANPAGE} is stale (the CLI changed): regenerate it with \
+         `UPDATE_MANPAGE=1 cargo test --test packaging manpage` and commit it"
+    );
+    assert_eq!(installed(MANPAGE), "/usr/share/man/man8/ceph-virtiofsd.8");
+}
+
+fn child<'a>(n: roxmltree::Node<'a, 'a>, tag: &str) -> roxmltree::Node<'a, 'a> {
+    n.children()
+        .find(|c| c.has_tag_name(tag))
+        .unwrap_or_else(|| panic!("<{}> has no <{tag}>", n.tag_name().name()))
+}
+
+#[test]
+fn libvirt_examples_are_well_formed_and_match_the_package() {
+    for (file, socket) in [
+        ("packaging/examples/libvirt-domain.xml", false),
+        ("packaging/examples/libvirt-domain-socket.xml", true),
+    ] {
+        let xml = read(file);
+        let doc = roxmltree::Document::parse(&xml).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let domain = doc.root_element();
+        assert!(domain.has_tag_name("domain"), "{file}");
+        let mb = child(domain, "memoryBacking");
+        assert_eq!(
+            child(mb, "access").attribute("mode"),
+            Some("shared"),
+            "{file}"
+        );
+        let fs_node = child(child(domain, "devices"), "filesystem");
+        assert_eq!(fs_node.attribute("type"), Some("mount"), "{file}");
+        assert_eq!(
+            child(fs_node, "driver").attribute("type"),
+            Some("virtiofs"),
+            "{file}"
+        );
+        assert_eq!(
+            child(fs_node, "target").attribute("dir"),
+            Some("cephfs"),
+            "{file}"
+        );
+        let source = child(fs_node, "source");
+        if socket {
+            // The socket ceph-virtiofsd@vm1.service listens on.
+            assert_eq!(
+                source.attribute("socket"),
+                Some("/run/ceph-virtiofsd/vm1.sock"),
+                "{file}"
+            );
+            assert!(unit_get("ExecStart").contains("--socket-path /run/ceph-virtiofsd/%i.sock"));
+        } else {
+            let binary = child(fs_node, "binary").attribute("path");
+            assert_eq!(binary, Some(installed(COMPAT).as_str()), "{file}");
+            assert!(source.attribute("dir").is_some(), "{file}");
+        }
+    }
+}
+
+#[test]
+fn qemu_example_is_the_harness_command_line() {
+    let dir = scratch("qemu");
+    // A stand-in QEMU: records its arguments (NUL-separated), then reports a passing guest the
+    // way the harness expects (verdict on the serial console, isa-debug-exit status 1 = rc 0).
+    let fake = dir.join("fake-qemu");
+    write_script(
+        &fake,
+        "#!/bin/sh\n\
+         printf '%s\\0' \"$@\" > \"$FAKE_QEMU_OUT\"\n\
+         prev=\n\
+         for a in \"$@\"; do\n\
+           if [ \"$prev\" = -serial ]; then echo 'GUEST-RESULT: rc=0' > \"${a#file:}\"; fi\n\
+           prev=$a\n\
+         done\n\
+         exit 1\n",
+    );
+    let sock = dir.join("vm1.sock");
+    let _listener = UnixListener::bind(&sock).expect("bind a stand-in daemon socket");
+    let kdir = dir.join("kernel");
+    fs::create_dir(&kdir).unwrap();
+    fs::write(kdir.join(".complete"), "").unwrap();
+    fs::write(kdir.join("vmlinux"), "").unwrap();
+    let initrd = dir.join("initrd.img");
+    fs::write(&initrd, "").unwrap();
+    let console = dir.join("console.log");
+
+    let harness_env = [
+        "GUEST_ACCEL",
+        "GUEST_SMP",
+        "GUEST_FS_QUEUES",
+        "GUEST_QEMU_ARGS",
+        "GUEST_KERNEL_SUITE",
+    ];
+    for queues in [None, Some("2")] {
+        // The harness, as tests/common/mod.rs runs it.
+        let harness_out = dir.join("harness.args");
+        let mut cmd = Command::new(top().join("tests/lab/guest/run-guest"));
+        for v in harness_env {
+            cmd.env_remove(v);
+        }
+        if let Some(q) = queues {
+            cmd.env("GUEST_FS_QUEUES", q);
+        }
+        cmd.env("GUEST_QEMU", &fake)
+            .env("FAKE_QEMU_OUT", &harness_out)
+            .arg("--socket")
+            .arg(&sock)
+            .args(["--tag", "cephfs", "--mem", "1G", "--timeout", "60"])
+            .arg("--initrd")
+            .arg(&initrd)
+            .arg("--kernel-cache")
+            .arg(&kdir)
+            .arg("--log")
+            .arg(&console);
+        let out = run(&mut cmd);
+        assert!(
+            out.status.success(),
+            "run-guest with a stand-in QEMU: {}\n{}",
+            out.status,
+            text(&out.stderr)
+        );
+
+        // The example, with the same settings.
+        let example_out = dir.join("example.args");
+        let mut cmd = Command::new(top().join("packaging/examples/qemu-cmdline.sh"));
+        for v in [
+            "ACCEL", "SMP", "QUEUES", "APPEND", "MEM", "SOCK", "TAG", "KERNEL", "INITRD",
+        ] {
+            cmd.env_remove(v);
+        }
+        if let Some(q) = queues {
+            cmd.env("QUEUES", q);
+        }
+        cmd.env("QEMU", &fake)
+            .env("FAKE_QEMU_OUT", &example_out)
+            .env("MEM", "1G")
+            .env("SOCK", &sock)
+            .env("KERNEL", kdir.join("vmlinux"))
+            .env("INITRD", &initrd)
+            .env("CONSOLE", &console);
+        let out = run(&mut cmd);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+
+        let harness = fs::read(&harness_out).unwrap();
+        let example = fs::read(&example_out).unwrap();
+        let split = |b: &[u8]| -> Vec<String> {
+            b.split(|c| *c == 0)
+                .filter(|a| !a.is_empty())
+                .map(text)
+                .collect()
+        };
+        assert_eq!(
+            split(&example),
+            split(&harness),
+            "packaging/examples/qemu-cmdline.sh differs from tests/lab/guest/run-guest (queues {queues:?})"
+        );
+        assert!(split(&harness).len() > 20);
+    }
+}
+
+#[test]
+fn debian_package_builds_with_the_expected_contents() {
+    let dir = scratch("deb");
+    // Package the binary this test run built, laid out as a release build in a scratch target
+    // directory: no release build needed here, and the real target/release is left alone.
+    let release = dir.join("target/release");
+    fs::create_dir_all(&release).unwrap();
+    let bin = release.join("ceph-virtiofsd");
+    if fs::hard_link(DAEMON, &bin).is_err() {
+        fs::copy(DAEMON, &bin).unwrap();
+    }
+    let out_dir = dir.join("out");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = run(Command::new(&cargo)
+        .current_dir(top())
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .args(["deb", "--no-build", "--no-strip", "--fast", "--output"])
+        .arg(&out_dir));
+    assert!(
+        out.status.success(),
+        "cargo deb failed (install it with `cargo install cargo-deb --locked`): {}\n{}{}",
+        out.status,
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let deb = fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .expect("cargo deb wrote no .deb");
+
+    let out = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listing = text(&out.stdout);
+    // "-rwxr-xr-x root/root  123 2024-01-01 00:00 ./usr/libexec/ceph-virtiofsd"
+    let files: BTreeMap<String, String> = listing
+        .lines()
+        .filter_map(|l| {
+            let mode = l.split_whitespace().next()?;
+            let path = l.split_whitespace().last()?.trim_start_matches('.');
+            Some((path.to_owned(), mode.to_owned()))
+        })
+        .collect();
+    for (src, dest) in deb_assets() {
+        if src.ends_with('*') {
+            continue;
+        }
+        let found = files
+            .keys()
+            .any(|f| f == &dest || f.starts_with(&format!("{dest}.")));
+        assert!(
+            found,
+            "{dest} (from {src}) missing from the package:\n{listing}"
+        );
+    }
+    for must in [
+        "/usr/libexec/ceph-virtiofsd",
+        "/usr/libexec/ceph-virtiofsd-compat",
+        "/usr/lib/systemd/system/ceph-virtiofsd@.service",
+        "/usr/share/qemu/vhost-user/60-ceph-virtiofsd.json",
+        "/usr/share/doc/ceph-virtiofsd/examples/ceph-virtiofsd.toml",
+        "/usr/share/doc/ceph-virtiofsd/examples/libvirt-domain.xml",
+        "/usr/share/doc/ceph-virtiofsd/examples/qemu-cmdline.sh",
+        "/usr/share/doc/ceph-virtiofsd/examples/kata-configuration-qemu.toml",
+        "/usr/share/doc/ceph-virtiofsd/examples/cloud-hypervisor.sh",
+    ] {
+        assert!(files.contains_key(must), "{must} missing:\n{listing}");
+    }
+    assert!(
+        files
+            .keys()
+            .any(|f| f.starts_with("/usr/share/man/man8/ceph-virtiofsd.8")),
+        "man page missing:\n{listing}"
+    );
+    for exe in [
+        "/usr/libexec/ceph-virtiofsd",
+        "/usr/libexec/ceph-virtiofsd-compat",
+    ] {
+        assert!(
+            files[exe].starts_with("-rwxr-xr-x"),
+            "{exe}: {}",
+            files[exe]
+        );
+    }
+    // Nothing else of the workspace (the bench tool is not shipped).
+    assert!(
+        !files.keys().any(|f| f.contains("bench")),
+        "unexpected file:\n{listing}"
+    );
+
+    let out = run(Command::new("dpkg-deb")
+        .args(["-f"])
+        .arg(&deb)
+        .arg("Depends"));
+    let depends = text(&out.stdout);
+    assert!(depends.contains("libcephfs2"), "Depends: {depends}");
+    let out = run(Command::new("dpkg-deb").args(["-I"]).arg(&deb));
+    let info = text(&out.stdout);
+    assert!(info.contains("postinst"), "no postinst:\n{info}");
+}
