@@ -23,6 +23,65 @@ pub enum CacheMode {
     Metadata,
 }
 
+/// An on/off switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    On,
+    Off,
+}
+
+/// Quarantine recovery role of a daemon.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecoveryRole {
+    /// An ordinary daemon: quarantined directories are refused (the default).
+    None,
+    /// Keep access to every quarantined directory.
+    Global,
+}
+
+/// `ceph-virtiofsd quarantine ACTION PATH`: the operator command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum QuarantineAction {
+    /// Quarantine PATH: every daemon refuses guest access under it within its bound.
+    Enable,
+    /// Release PATH.
+    Disable,
+    /// Print whether PATH is quarantined.
+    Status,
+}
+
+/// Quarantine or release a CephFS subvolume (or directory) for every ceph-virtiofsd daemon.
+///
+/// The state is the reserved xattr trusted.ceph-virtiofsd.quarantine on PATH. Subvolumes are
+/// /volumes/<group>/<name> (the parent of `ceph fs subvolume getpath`).
+#[derive(Parser, Debug, Clone)]
+#[command(name = "ceph-virtiofsd quarantine", version)]
+pub struct QuarantineArgs {
+    #[arg(value_enum)]
+    pub action: QuarantineAction,
+
+    /// Absolute CephFS path, e.g. /volumes/_nogroup/sv1.
+    pub path: String,
+
+    /// ceph.conf to read (default: libcephfs's search path).
+    #[arg(long, value_name = "FILE")]
+    pub ceph_conf: Option<PathBuf>,
+
+    /// Ceph client id, without the "client." prefix (default: admin).
+    #[arg(long, value_name = "ID")]
+    pub client_id: Option<String>,
+
+    /// Keyring file holding the client's key.
+    #[arg(long, value_name = "FILE")]
+    pub keyring: Option<PathBuf>,
+
+    /// CephFS file system name.
+    #[arg(long, value_name = "NAME")]
+    pub fs_name: Option<String>,
+}
+
 /// Log verbosity.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -39,6 +98,18 @@ pub enum LogLevel {
     Trace,
     /// Logging disabled.
     Off,
+}
+
+/// What the seccomp filter does with a syscall outside its allow-list (as in virtiofsd).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SeccompMode {
+    /// No filter.
+    None,
+    /// Allow it, and have the kernel log it (audit / kernel log): to find a missing syscall.
+    Log,
+    /// Kill the daemon (the default).
+    Kill,
 }
 
 /// vhost-user virtio-fs daemon serving CephFS through libcephfs.
@@ -111,6 +182,16 @@ pub struct Args {
     #[arg(long)]
     pub syslog: bool,
 
+    // ---- metrics ----
+    /// Serve Prometheus metrics at http://ADDR/metrics. ADDR is PORT (bound to 127.0.0.1) or
+    /// IP:PORT. Off unless this or --metrics-socket is given.
+    #[arg(long, value_name = "ADDR", conflicts_with = "metrics_socket")]
+    pub metrics_addr: Option<String>,
+
+    /// Serve Prometheus metrics over HTTP on a unix socket at PATH instead of TCP.
+    #[arg(long, value_name = "PATH")]
+    pub metrics_socket: Option<PathBuf>,
+
     // ---- Ceph ----
     /// ceph.conf to read (default: libcephfs's search path, e.g. /etc/ceph/ceph.conf).
     #[arg(long, value_name = "FILE")]
@@ -140,6 +221,54 @@ pub struct Args {
     #[arg(long, value_name = "SECS")]
     pub mount_timeout: Option<u64>,
 
+    // ---- subvolume quarantine (see `ceph-virtiofsd quarantine --help`) ----
+    /// Enforce subvolume quarantine: on (the default) or off.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub quarantine: Option<Switch>,
+
+    /// Extra quarantine-capable directory, an absolute CephFS path (repeatable); mgr
+    /// subvolumes (/volumes/<group>/<name>) are found without it.
+    #[arg(long, value_name = "PATH", action = ArgAction::Append)]
+    pub quarantine_path: Vec<String>,
+
+    /// Recovery role: "global" keeps access to every quarantined directory.
+    #[arg(long, value_enum, value_name = "ROLE")]
+    pub quarantine_recovery: Option<RecoveryRole>,
+
+    /// Keep access to quarantined directories at or below PATH (repeatable).
+    #[arg(long, value_name = "PATH", action = ArgAction::Append)]
+    pub quarantine_recovery_path: Vec<String>,
+
+    /// A quarantine reaches this daemon's guests within MS milliseconds (default: 1000).
+    #[arg(long, value_name = "MS")]
+    pub quarantine_propagation_ms: Option<u64>,
+
+    // ---- least privilege and id mapping ----
+    /// After opening the socket and mounting CephFS, switch to this user (name or uid; needs a
+    /// root start). The daemon then needs no host file access.
+    #[arg(long, value_name = "USER")]
+    pub user: Option<String>,
+
+    /// Group for --user (name or gid; default: the user's primary group).
+    #[arg(long, value_name = "GROUP")]
+    pub group: Option<String>,
+
+    /// Syscall filter installed after start-up: none, log (allow and log others) or kill
+    /// (default: kill the daemon on a syscall outside the allow-list).
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub seccomp: Option<SeccompMode>,
+
+    /// Translate uids between guest and CephFS (repeatable), as virtiofsd:
+    /// map:GUEST:HOST:COUNT, guest:FROM_GUEST:TO_HOST:COUNT, host:FROM_HOST:TO_GUEST:COUNT,
+    /// squash-guest:FROM_GUEST:TO_HOST:COUNT, squash-host:FROM_HOST:TO_GUEST:COUNT,
+    /// forbid-guest:FROM_GUEST:COUNT.
+    #[arg(long, value_name = "RULE", action = ArgAction::Append)]
+    pub translate_uid: Vec<String>,
+
+    /// Translate gids between guest and CephFS (repeatable); same forms as --translate-uid.
+    #[arg(long, value_name = "RULE", action = ArgAction::Append)]
+    pub translate_gid: Vec<String>,
+
     // ---- virtiofsd compatibility ----
     /// Refused: there is no host directory; use --ceph-root to pick the exported CephFS path.
     #[arg(long, value_name = "PATH", hide_short_help = true)]
@@ -148,10 +277,6 @@ pub struct Args {
     /// Ignored (virtiofsd compatibility: no host directory to sandbox).
     #[arg(long, value_name = "MODE", hide_short_help = true)]
     pub sandbox: Option<String>,
-
-    /// Ignored (virtiofsd compatibility).
-    #[arg(long, value_name = "MODE", hide_short_help = true)]
-    pub seccomp: Option<String>,
 
     /// Ignored (virtiofsd compatibility).
     #[arg(long, hide_short_help = true)]

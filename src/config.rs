@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::args::{Args, CacheMode, LogLevel};
+use crate::args::{Args, CacheMode, LogLevel, SeccompMode};
+use crate::fs::idmap::{IdMapError, IdMapping, Rule};
+use crate::sandbox::{SandboxConfig, SandboxError};
 
 /// Longest mount tag the virtio-fs config space can carry (`struct virtio_fs_config.tag`).
 pub const MAX_TAG_LEN: usize = 36;
@@ -38,8 +40,8 @@ pub struct LogConfig {
     pub syslog: bool,
 }
 
-/// How to reach and mount CephFS.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How to reach and mount CephFS. Its `Debug` output hides secret option values.
+#[derive(Clone, PartialEq, Eq)]
 pub struct CephConfig {
     /// ceph.conf path; `None` = libcephfs's default search path.
     pub conf: Option<PathBuf>,
@@ -52,6 +54,38 @@ pub struct CephConfig {
     /// Extra libcephfs options, applied in this order (keys are unique).
     pub options: Vec<(String, String)>,
     pub mount_timeout: Duration,
+}
+
+/// libcephfs options whose value is a secret (the cephx key itself): never printed.
+pub fn is_secret_option(key: &str) -> bool {
+    let k = key.trim().to_ascii_lowercase().replace('-', "_");
+    k == "key" || k.contains("secret") || k.ends_with("_key") || k.contains("password")
+}
+
+impl std::fmt::Debug for CephConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let options: Vec<(&str, &str)> = self
+            .options
+            .iter()
+            .map(|(k, v)| {
+                let shown = if is_secret_option(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("CephConfig")
+            .field("conf", &self.conf)
+            .field("client_id", &self.client_id)
+            .field("keyring", &self.keyring)
+            .field("fs_name", &self.fs_name)
+            .field("root", &self.root)
+            .field("options", &options)
+            .field("mount_timeout", &self.mount_timeout)
+            .finish()
+    }
 }
 
 /// The validated configuration of one daemon.
@@ -67,8 +101,24 @@ pub struct Config {
     pub xattr: bool,
     pub log: LogConfig,
     pub ceph: CephConfig,
+    /// Privilege drop and seccomp, applied once the socket is open and CephFS is mounted.
+    pub sandbox: SandboxConfig,
+    /// uid/gid translation between the guest and CephFS.
+    pub idmap: IdMapping,
     /// Warnings about ignored options, to be logged once logging is up.
     pub warnings: Vec<String>,
+    /// The metrics endpoint; `None` = off.
+    pub metrics: Option<MetricsConfig>,
+    /// Subvolume quarantine enforcement.
+    pub quarantine: crate::quarantine::QuarantineConfig,
+}
+
+/// Where metrics are served and where libcephfs's admin socket (for MDS health) is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricsConfig {
+    pub endpoint: crate::metrics::MetricsEndpoint,
+    /// libcephfs admin socket path; also set as the `admin_socket` Ceph option.
+    pub ceph_admin_socket: Option<PathBuf>,
 }
 
 /// Why the configuration was refused. Each message says what to change.
@@ -106,6 +156,18 @@ pub enum ConfigError {
     BadMountTimeout,
     #[error("Legacy option -o {0}: {1}")]
     BadLegacyOpt(String, String),
+    #[error("Invalid --user/--group")]
+    Account(#[source] SandboxError),
+    #[error("Invalid uid/gid translation")]
+    IdMap(#[source] IdMapError),
+    #[error("Metrics address {0:?} is invalid: use PORT (bound to 127.0.0.1) or IP:PORT")]
+    BadMetricsAddr(String),
+    #[error("Both a metrics address and a metrics socket were given: use only one")]
+    MetricsAddrAndSocket,
+    #[error("Quarantine path {0:?} must be an absolute CephFS path without \"..\", such as /volumes/_nogroup/sv1")]
+    BadQuarantinePath(String),
+    #[error("Quarantine propagation bound must be at least 40 ms (the default is 1000)")]
+    BadQuarantinePropagation,
 }
 
 /// The TOML file layout. Every key is optional; see config/ceph-virtiofsd.toml.
@@ -120,6 +182,84 @@ pub struct FileConfig {
     pub log: FileLog,
     #[serde(default)]
     pub ceph: FileCeph,
+    #[serde(default)]
+    pub sandbox: FileSandbox,
+    #[serde(default)]
+    pub metrics: FileMetrics,
+    #[serde(default)]
+    pub quarantine: FileQuarantine,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileQuarantine {
+    pub enabled: Option<bool>,
+    #[serde(default)]
+    pub paths: Vec<String>,
+    pub recovery: Option<crate::args::RecoveryRole>,
+    #[serde(default)]
+    pub recovery_paths: Vec<String>,
+    pub propagation_ms: Option<u64>,
+}
+
+/// Merge and validate the quarantine settings (command line wins; lists are joined).
+fn quarantine_config(
+    args: &Args,
+    file: &FileQuarantine,
+) -> Result<crate::quarantine::QuarantineConfig, ConfigError> {
+    use crate::args::{RecoveryRole, Switch};
+    let norm = |list: Vec<String>| -> Result<Vec<String>, ConfigError> {
+        let mut out = Vec::new();
+        for p in list {
+            let n = crate::quarantine::normalize(&p).ok_or(ConfigError::BadQuarantinePath(p))?;
+            if !out.contains(&n) {
+                out.push(n);
+            }
+        }
+        Ok(out)
+    };
+    let ms = args
+        .quarantine_propagation_ms
+        .or(file.propagation_ms)
+        .unwrap_or(1000);
+    if ms < 40 {
+        return Err(ConfigError::BadQuarantinePropagation);
+    }
+    let mut paths = file.paths.clone();
+    paths.extend(args.quarantine_path.iter().cloned());
+    let mut recovery_paths = file.recovery_paths.clone();
+    recovery_paths.extend(args.quarantine_recovery_path.iter().cloned());
+    Ok(crate::quarantine::QuarantineConfig {
+        enabled: match args.quarantine {
+            Some(s) => s == Switch::On,
+            None => file.enabled.unwrap_or(true),
+        },
+        paths: norm(paths)?,
+        recovery_global: args.quarantine_recovery.or(file.recovery) == Some(RecoveryRole::Global),
+        recovery_paths: norm(recovery_paths)?,
+        propagation: Duration::from_millis(ms),
+    })
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileMetrics {
+    pub addr: Option<String>,
+    pub socket: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+pub struct FileSandbox {
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub seccomp: Option<SeccompMode>,
+    /// uid translation rules (virtiofsd --translate-uid forms).
+    #[serde(default)]
+    pub translate_uid: Vec<String>,
+    /// gid translation rules.
+    #[serde(default)]
+    pub translate_gid: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -227,9 +367,8 @@ fn parse_legacy(opts: &[String], warnings: &mut Vec<String>) -> Result<Legacy, C
 }
 
 fn ignored_option_warnings(args: &Args, warnings: &mut Vec<String>) {
-    let flags: [(&str, bool); 15] = [
+    let flags: [(&str, bool); 14] = [
         ("--sandbox", args.sandbox.is_some()),
-        ("--seccomp", args.seccomp.is_some()),
         ("--announce-submounts", args.announce_submounts),
         ("--inode-file-handles", args.inode_file_handles.is_some()),
         ("--allow-direct-io", args.allow_direct_io),
@@ -272,6 +411,77 @@ fn validate_tag(tag: String) -> Result<String, ConfigError> {
     Ok(tag)
 }
 
+/// The metrics endpoint (command line over file) and the libcephfs admin socket it reads: the
+/// `admin_socket` Ceph option when the operator set one, else `<socket-path>.ceph.asok` (or
+/// `<metrics-socket>.ceph.asok`), which is then added to the Ceph options.
+fn metrics_config(
+    cli: (Option<String>, Option<PathBuf>),
+    file: FileMetrics,
+    listen: &Listen,
+    options: &mut Vec<(String, String)>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<MetricsConfig>, ConfigError> {
+    use crate::metrics::{parse_metrics_addr, MetricsEndpoint};
+    let (addr, socket) = match cli {
+        (None, None) => (file.addr, file.socket),
+        given => given,
+    };
+    let endpoint = match (addr, socket) {
+        (Some(_), Some(_)) => return Err(ConfigError::MetricsAddrAndSocket),
+        (Some(a), None) => {
+            MetricsEndpoint::Tcp(parse_metrics_addr(&a).ok_or(ConfigError::BadMetricsAddr(a))?)
+        }
+        (None, Some(p)) => MetricsEndpoint::Unix(p),
+        (None, None) => return Ok(None),
+    };
+    if let MetricsEndpoint::Tcp(a) = &endpoint {
+        if !a.ip().is_loopback() {
+            warnings.push(format!(
+                "Metrics are served on {a}, reachable from other hosts: prefer a loopback address or --metrics-socket"
+            ));
+        }
+    }
+    let is_asok = |k: &str| k.trim().replace([' ', '-'], "_") == "admin_socket";
+    let set = options
+        .iter()
+        .find(|(k, _)| is_asok(k))
+        .map(|(_, v)| v.clone());
+    let with_suffix = |p: &Path| {
+        let mut s = p.as_os_str().to_owned();
+        s.push(".ceph.asok");
+        PathBuf::from(s)
+    };
+    let ceph_admin_socket = match (set, listen, &endpoint) {
+        (Some(v), _, _) if v.contains('$') => {
+            warnings.push(format!(
+                "admin_socket {v:?} uses $-variables: libcephfs health metrics are off (give a literal path)"
+            ));
+            None
+        }
+        (Some(v), _, _) if v.is_empty() => None,
+        (Some(v), _, _) => Some(PathBuf::from(v)),
+        (None, Listen::SocketPath(p), _) | (None, _, MetricsEndpoint::Unix(p)) => {
+            let asok = with_suffix(p);
+            options.push((
+                "admin_socket".to_owned(),
+                asok.to_string_lossy().into_owned(),
+            ));
+            Some(asok)
+        }
+        (None, Listen::Fd(_), MetricsEndpoint::Tcp(_)) => {
+            warnings.push(
+                "No libcephfs admin socket: set --ceph-opt admin_socket=PATH for MDS health metrics"
+                    .to_owned(),
+            );
+            None
+        }
+    };
+    Ok(Some(MetricsConfig {
+        endpoint,
+        ceph_admin_socket,
+    }))
+}
+
 impl TryFrom<Args> for Config {
     type Error = ConfigError;
 
@@ -293,6 +503,7 @@ impl Config {
         let mut warnings = Vec::new();
         ignored_option_warnings(&args, &mut warnings);
         let legacy = parse_legacy(&args.legacy_opts, &mut warnings)?;
+        let quarantine = quarantine_config(&args, &file.quarantine)?;
 
         let listen = match (args.socket_path, args.fd) {
             (Some(_), Some(_)) => return Err(ConfigError::SocketAndFd),
@@ -354,6 +565,12 @@ impl Config {
         let mut options: Vec<(String, String)> = file.ceph.options.into_iter().collect();
         for opt in &args.ceph_opt {
             let (key, value) = parse_ceph_opt(opt)?;
+            if is_secret_option(&key) {
+                warnings.push(format!(
+                    "--ceph-opt {key}=... puts a secret on the command line, where local users \
+                     can read it (ps, /proc): use a keyring file (--keyring) instead"
+                ));
+            }
             options.retain(|(k, _)| *k != key);
             options.push((key, value));
         }
@@ -366,6 +583,42 @@ impl Config {
         if secs.is_zero() {
             return Err(ConfigError::BadMountTimeout);
         }
+
+        let user = args.user.or(file.sandbox.user);
+        let group = args.group.or(file.sandbox.group);
+        let account = match (user, group) {
+            (Some(u), g) => Some(
+                crate::sandbox::resolve_account(&u, g.as_deref()).map_err(ConfigError::Account)?,
+            ),
+            (None, Some(_)) => return Err(ConfigError::Account(SandboxError::GroupWithoutUser)),
+            (None, None) => None,
+        };
+        let sandbox = SandboxConfig {
+            user: account,
+            seccomp: args
+                .seccomp
+                .or(file.sandbox.seccomp)
+                .unwrap_or(SeccompMode::Kill),
+        };
+        // Command-line rules replace the file's rules of the same kind (uid or gid).
+        let pick = |cli: Vec<String>, file: Vec<String>| if cli.is_empty() { file } else { cli };
+        let parse_rules = |rules: Vec<String>| {
+            rules
+                .iter()
+                .map(|r| r.parse::<Rule>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(ConfigError::IdMap)
+        };
+        let uid_rules = parse_rules(pick(args.translate_uid, file.sandbox.translate_uid))?;
+        let gid_rules = parse_rules(pick(args.translate_gid, file.sandbox.translate_gid))?;
+        let idmap = IdMapping::new(&uid_rules, &gid_rules).map_err(ConfigError::IdMap)?;
+        let metrics = metrics_config(
+            (args.metrics_addr, args.metrics_socket),
+            file.metrics,
+            &listen,
+            &mut options,
+            &mut warnings,
+        )?;
 
         Ok(Config {
             listen,
@@ -385,7 +638,11 @@ impl Config {
                 options,
                 mount_timeout: secs,
             },
+            sandbox,
+            idmap,
             warnings,
+            metrics,
+            quarantine,
         })
     }
 }
@@ -467,8 +724,9 @@ mod tests {
         assert_eq!(c.cache, CacheMode::Always);
         assert!(!c.xattr);
         assert_eq!(c.thread_pool_size, 2);
-        // sandbox, seccomp, announce-submounts, inode-file-handles, -f, no_posix_lock
-        assert_eq!(c.warnings.len(), 6, "{:?}", c.warnings);
+        assert_eq!(c.sandbox.seccomp, SeccompMode::None);
+        // sandbox, announce-submounts, inode-file-handles, -f, no_posix_lock
+        assert_eq!(c.warnings.len(), 5, "{:?}", c.warnings);
     }
 
     #[test]
@@ -517,6 +775,192 @@ mod tests {
                 ("client_oc".to_owned(), "true".to_owned())
             ]
         );
+    }
+
+    #[test]
+    fn secrets_never_reach_debug_output() {
+        let secret = "AQBKc2Vjc2VjcmV0a2V5bm90Zm9ybG9ncw==";
+        let c = parse(&[
+            "--fd",
+            "3",
+            "--ceph-opt",
+            &format!("key={secret}"),
+            "--ceph-opt",
+            &format!("auth-secret={secret}"),
+            "--ceph-opt",
+            "client_cache_size=100",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let shown = format!("{c:?} {c:#?} {:?}", c.ceph);
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("<redacted>") && shown.contains("client_cache_size"));
+        assert!(c
+            .ceph
+            .options
+            .iter()
+            .any(|(k, v)| k == "key" && v == secret));
+        assert!(!is_secret_option("keyring") && !is_secret_option("keyfile"));
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert!(c.warnings.iter().all(|w| !w.contains(secret)));
+    }
+
+    #[test]
+    fn sandbox_and_translation_options() {
+        let c = parse(&["--fd", "3"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.sandbox.seccomp, SeccompMode::Kill, "kill is the default");
+        assert!(c.sandbox.user.is_none());
+        assert!(c.idmap.is_identity());
+
+        let c = parse(&[
+            "--fd=3",
+            "--user=root",
+            "--group=0",
+            "--seccomp=log",
+            "--translate-uid=map:1000:100000:10",
+            "--translate-uid=forbid-guest:0:1",
+            "--translate-gid=squash-guest:0:100:65536",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let acct = c.sandbox.user.clone().unwrap_or_else(|| panic!("no user"));
+        assert_eq!((acct.uid, acct.gid), (0, 0));
+        assert_eq!(c.sandbox.seccomp, SeccompMode::Log);
+        assert_eq!(c.idmap.host_uid(1005).ok(), Some(100_005));
+        assert!(c.idmap.host_uid(0).is_err());
+        assert_eq!(c.idmap.host_gid(42).ok(), Some(100));
+
+        assert!(matches!(
+            parse(&[
+                "--fd=3",
+                "--translate-uid=map:0:100:10",
+                "--translate-uid=guest:5:7:1"
+            ]),
+            Err(ConfigError::IdMap(IdMapError::Overlap(..)))
+        ));
+        assert!(matches!(
+            parse(&["--fd=3", "--translate-gid=map:0:100"]),
+            Err(ConfigError::IdMap(_))
+        ));
+        assert!(matches!(
+            parse(&["--fd=3", "--user=no-such-user-xyz"]),
+            Err(ConfigError::Account(_))
+        ));
+        assert!(matches!(
+            parse(&["--fd=3", "--group=root"]),
+            Err(ConfigError::Account(SandboxError::GroupWithoutUser))
+        ));
+
+        let file: FileConfig = toml::from_str(
+            "[vhost-user]\nsocket-path = \"/s\"\n[sandbox]\nuser = \"root\"\nseccomp = \"none\"\n\
+             translate-uid = [\"map:0:5000:1\"]\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--translate-uid", "map:1:6000:1"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.sandbox.seccomp, SeccompMode::None);
+        assert!(c.sandbox.user.is_some());
+        // The command line's uid rules replace the file's.
+        assert_eq!(c.idmap.host_uid(0).ok(), Some(0));
+        assert_eq!(c.idmap.host_uid(1).ok(), Some(6000));
+    }
+
+    #[test]
+    fn quarantine_options() {
+        let c = parse(&["--fd", "3"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.quarantine.enabled);
+        assert_eq!(c.quarantine.propagation, Duration::from_secs(1));
+        let c = parse(&[
+            "--fd",
+            "3",
+            "--quarantine",
+            "off",
+            "--quarantine-path",
+            "/data//p/",
+            "--quarantine-recovery",
+            "global",
+            "--quarantine-recovery-path",
+            "/volumes/_nogroup/sv1",
+            "--quarantine-propagation-ms",
+            "400",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.quarantine.enabled);
+        assert_eq!(c.quarantine.paths, vec!["/data/p".to_owned()]);
+        assert!(c.quarantine.recovery_global);
+        assert_eq!(c.quarantine.recovery_paths, vec!["/volumes/_nogroup/sv1"]);
+        assert_eq!(c.quarantine.propagation, Duration::from_millis(400));
+        assert!(matches!(
+            parse(&["--fd", "3", "--quarantine-path", "rel"]),
+            Err(ConfigError::BadQuarantinePath(_))
+        ));
+        assert!(matches!(
+            parse(&["--fd", "3", "--quarantine-propagation-ms", "5"]),
+            Err(ConfigError::BadQuarantinePropagation)
+        ));
+    }
+
+    #[test]
+    fn metrics_options() {
+        use crate::metrics::MetricsEndpoint;
+        let c = parse(&["--socket-path", "/r/vm.sock"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.metrics, None, "off by default");
+        assert!(!c.ceph.options.iter().any(|(k, _)| k == "admin_socket"));
+
+        let c = parse(&["--socket-path", "/r/vm.sock", "--metrics-addr", "9310"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let m = c.metrics.unwrap_or_else(|| panic!("metrics off"));
+        assert_eq!(
+            m.endpoint,
+            MetricsEndpoint::Tcp("127.0.0.1:9310".parse().unwrap_or_else(|e| panic!("{e}")))
+        );
+        assert_eq!(m.ceph_admin_socket, Some("/r/vm.sock.ceph.asok".into()));
+        assert!(c
+            .ceph
+            .options
+            .iter()
+            .any(|(k, v)| k == "admin_socket" && v == "/r/vm.sock.ceph.asok"));
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+
+        // An operator's admin socket wins; a public address is allowed with a warning.
+        let c = parse(&[
+            "--fd=3",
+            "--metrics-addr=0.0.0.0:9310",
+            "--ceph-opt=admin socket=/r/a.asok",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let m = c.metrics.unwrap_or_else(|| panic!("metrics off"));
+        assert_eq!(m.ceph_admin_socket, Some("/r/a.asok".into()));
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+
+        let c = parse(&["--fd=3", "--metrics-socket=/r/m.sock"]).unwrap_or_else(|e| panic!("{e}"));
+        let m = c.metrics.unwrap_or_else(|| panic!("metrics off"));
+        assert_eq!(m.endpoint, MetricsEndpoint::Unix("/r/m.sock".into()));
+        assert_eq!(m.ceph_admin_socket, Some("/r/m.sock.ceph.asok".into()));
+
+        assert!(matches!(
+            parse(&["--fd=3", "--metrics-addr=nonsense"]),
+            Err(ConfigError::BadMetricsAddr(_))
+        ));
+        let file: FileConfig = toml::from_str(
+            "[vhost-user]\nsocket-path = \"/s\"\n[metrics]\naddr = \"1\"\nsocket = \"/m\"\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            Config::merge(args, file),
+            Err(ConfigError::MetricsAddrAndSocket)
+        ));
+        // The command line replaces the file's endpoint.
+        let file: FileConfig =
+            toml::from_str("[vhost-user]\nsocket-path = \"/s\"\n[metrics]\nsocket = \"/m\"\n")
+                .unwrap_or_else(|e| panic!("{e}"));
+        let args =
+            Args::try_parse_from(["x", "--metrics-addr", "9"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            c.metrics.map(|m| m.endpoint),
+            Some(MetricsEndpoint::Tcp(_))
+        ));
     }
 
     #[test]

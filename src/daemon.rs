@@ -22,6 +22,8 @@ use vhost_user_backend::{Error as DaemonLibError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::config::{Config, Listen};
+use crate::metrics::endpoint::{MetricsServer, Scrape};
+use crate::metrics::FsStats;
 use crate::server::ExtraOps;
 use crate::vhost_user::{BackendError, BackendOptions, VhostUserFsBackend};
 
@@ -56,6 +58,10 @@ pub enum DaemonError {
     },
     #[error("--fd {0} was already taken by an earlier serve() in this process")]
     FdTaken(RawFd),
+    #[error("Cannot start the metrics endpoint")]
+    Metrics(#[source] crate::metrics::endpoint::MetricsError),
+    #[error("Cannot drop privileges")]
+    Sandbox(#[source] crate::sandbox::SandboxError),
     #[error("Cannot install the SIGTERM/SIGINT handlers")]
     Signals(#[source] io::Error),
     #[error("Cannot start the {0} thread (raise the task limit)")]
@@ -83,8 +89,9 @@ enum Event {
 /// With `Listen::Fd`, this takes ownership of that descriptor: call it at most once per process.
 pub fn serve<F>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + FsStats + Send + Sync + 'static,
 {
+    let stats: Arc<dyn FsStats> = fs.clone();
     let backend = VhostUserFsBackend::new(
         fs,
         &BackendOptions {
@@ -105,6 +112,19 @@ where
             return Err(e);
         }
     };
+    // The metrics endpoint binds before privileges are dropped (it may need a low port).
+    let metrics = match start_metrics(config, stats) {
+        Ok(m) => m,
+        Err(e) => {
+            signals.stop();
+            return Err(e);
+        }
+    };
+    // Least privilege: CephFS is mounted and the socket is open; nothing else needs privilege.
+    if let Err(e) = crate::sandbox::enter(&config.sandbox) {
+        signals.stop();
+        return Err(DaemonError::Sandbox(e));
+    }
 
     let conn_backend = backend.clone();
     let keep_serving = config.keep_serving;
@@ -125,6 +145,9 @@ where
         Err(mpsc::RecvError) => Err(DaemonError::ConnectionPanicked),
     };
     backend.close_and_drain();
+    if let Some(m) = metrics {
+        m.stop();
+    }
     signals.stop();
     if conn.is_finished() && conn.join().is_err() {
         error!("The vhost-user connection thread panicked");
@@ -136,6 +159,24 @@ where
     }
     drop(pid_lock);
     result
+}
+
+fn start_metrics(
+    config: &Config,
+    fs: Arc<dyn FsStats>,
+) -> Result<Option<MetricsServer>, DaemonError> {
+    let Some(m) = &config.metrics else {
+        return Ok(None);
+    };
+    let scrape = Scrape {
+        metrics: crate::metrics::global(),
+        queues: 1 + usize::from(config.queues),
+        fs: Some(fs),
+        admin_socket: m.ceph_admin_socket.clone(),
+    };
+    MetricsServer::start(&m.endpoint, scrape)
+        .map(Some)
+        .map_err(DaemonError::Metrics)
 }
 
 fn connection_loop<F>(
@@ -386,6 +427,8 @@ mod tests {
             socket_path: Some(socket.to_owned()),
             thread_pool_size: Some(1),
             keep_serving,
+            // serve() would install the filter on every thread of the test harness.
+            seccomp: Some(crate::args::SeccompMode::None),
             ..Default::default()
         };
         Config::try_from(args).unwrap_or_else(|e| panic!("{e}"))

@@ -8,10 +8,14 @@
 //! - the filesystem (CephFS) implements fuse-backend-rs's `FileSystem` plus [`server::ExtraOps`].
 
 pub mod args;
+pub mod ceph;
 pub mod config;
 pub mod daemon;
 pub mod fs;
 pub mod logging;
+pub mod metrics;
+pub mod quarantine;
+pub mod sandbox;
 pub mod server;
 pub mod vhost_user;
 

@@ -8,9 +8,9 @@ use tracing::{error, info, warn};
 
 use std::sync::Arc;
 
-use ceph_client::{Mount, MountBuilder};
 use ceph_virtiofsd::args::{Args, CacheMode};
-use ceph_virtiofsd::config::{CephConfig, Config};
+use ceph_virtiofsd::ceph::CephAccess;
+use ceph_virtiofsd::config::Config;
 use ceph_virtiofsd::daemon;
 use ceph_virtiofsd::fs::{self, CephFs, FsConfig};
 use ceph_virtiofsd::{logging, report, Exit, CAPABILITIES_JSON};
@@ -43,26 +43,6 @@ impl RunError {
     }
 }
 
-/// Connect to the cluster and mount the exported subtree (the only libcephfs mount of this
-/// daemon). All `ceph_conf_*` work happens here, before the mount exists.
-fn mount_ceph(c: &CephConfig) -> Result<Mount, ceph_client::CephError> {
-    let mut b = MountBuilder::new(c.client_id.as_deref())?.conf_read_file(c.conf.as_deref())?;
-    if let Some(k) = &c.keyring {
-        b = b.conf_set("keyring", &k.to_string_lossy())?;
-    }
-    b = b.conf_set(
-        "client_mount_timeout",
-        &c.mount_timeout.as_secs().to_string(),
-    )?;
-    for (k, v) in &c.options {
-        b = b.conf_set(k, v)?;
-    }
-    if let Some(name) = &c.fs_name {
-        b = b.select_filesystem(name)?;
-    }
-    b.mount(&c.root)
-}
-
 fn fs_config(config: &Config) -> FsConfig {
     FsConfig {
         cache: match config.cache {
@@ -79,14 +59,35 @@ fn fs_config(config: &Config) -> FsConfig {
 fn run(config: &Config) -> Result<(), RunError> {
     let root = config.ceph.root.clone();
     info!(root = %root, "mounting CephFS");
-    let mount = mount_ceph(&config.ceph).map_err(|source| RunError::Mount {
-        root: root.clone(),
-        source,
-    })?;
-    let fs = Arc::new(
-        CephFs::new(mount, fs_config(config)).map_err(|source| RunError::Root { root, source })?,
-    );
-    let served = daemon::serve(config, fs.clone());
+    let mount = CephAccess::from(&config.ceph)
+        .mount(&config.ceph.root)
+        .map_err(|source| RunError::Mount {
+            root: root.clone(),
+            source,
+        })?;
+    // The client id is what an operator evicts (`ceph tell mds.* client evict id=N`) if this
+    // process dies without unmounting.
+    info!(client_id = mount.instance_id(), "CephFS mounted");
+    // Subvolume quarantine: the state is read once before serving, then kept current.
+    let quarantine =
+        ceph_virtiofsd::quarantine::start_for(config).map_err(|source| RunError::Root {
+            root: root.clone(),
+            source,
+        })?;
+    let mut fsc = fs_config(config);
+    if let Some((gate, _)) = &quarantine {
+        fsc.quarantine = Some(gate.clone());
+        fsc.revocable_ttl = config.quarantine.ttl_bound();
+    }
+    let fs = Arc::new(CephFs::new(mount, fsc).map_err(|source| RunError::Root { root, source })?);
+    // uid/gid translation wraps the filesystem only when configured (no cost otherwise).
+    // daemon::serve drops privileges and installs seccomp once the socket is open.
+    let served = if config.idmap.is_identity() {
+        daemon::serve(config, fs.clone())
+    } else {
+        let mapped = fs::idmap::IdMapFs::new(fs.clone(), config.idmap.clone());
+        daemon::serve(config, Arc::new(mapped))
+    };
     // Idle worker threads may still hold the filesystem after a signal: unmount explicitly.
     match fs.shutdown() {
         Ok(()) => info!("CephFS unmounted"),
@@ -96,6 +97,14 @@ fn run(config: &Config) -> Result<(), RunError> {
 }
 
 fn main() -> ExitCode {
+    // `ceph-virtiofsd quarantine ...` is the operator command; everything else is the daemon's
+    // flat, virtiofsd-compatible command line.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "quarantine")
+    {
+        return ceph_virtiofsd::quarantine::main_command(std::env::args_os().skip(1));
+    }
     let args = Args::parse(); // clap prints usage errors itself and exits with 2.
     if args.print_capabilities {
         print!("{CAPABILITIES_JSON}");

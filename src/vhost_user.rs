@@ -1,17 +1,17 @@
 //! vhost-user glue for virtio-fs: queues, features, config space, `handle_event`.
 //!
 //! Queue 0 is the hiprio queue (FORGET, INTERRUPT), queues 1..=N carry requests. Each queue has
-//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there and
-//! handed to a worker pool (`--thread-pool-size`; 0 = serve inline), so one slow Ceph call does
-//! not stall the queue. A worker builds the FUSE `Reader`/`Writer` from the chain, calls the
+//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there; all
+//! but the last of a batch are handed to a worker pool (`--thread-pool-size`; 0 = serve
+//! everything inline), the last is served by the queue thread itself, so a burst spreads over
+//! the workers and a lone request pays no hand-off. A worker builds the FUSE `Reader`/`Writer` from the chain, calls the
 //! server, then returns the chain (`add_used`) and notifies the guest when EVENT_IDX says so.
 //!
 //! This layer knows nothing of Ceph: it is generic over the filesystem.
 
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
@@ -23,13 +23,16 @@ use vhost_user_backend::{VhostUserBackend, VringMutex, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueT};
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vm_memory::{
+    Address, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
 use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
+use crate::metrics;
 use crate::server::{ExtraOps, FuseServer, ServerError};
 
 /// Guest memory as vhost-user-backend hands it to us.
@@ -78,16 +81,20 @@ pub enum BackendError {
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
-/// A fixed pool of FUSE worker threads fed through one channel.
+/// A fixed pool of FUSE worker threads fed through one MPMC channel (no lock on either side).
 struct WorkerPool {
-    sender: Mutex<Option<Sender<Job>>>,
+    sender: crossbeam_channel::Sender<Msg>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+enum Msg {
+    Run(Job),
+    Stop,
 }
 
 impl WorkerPool {
     fn new(size: usize) -> Result<Self, BackendError> {
-        let (sender, receiver) = mpsc::channel::<Job>();
-        let receiver = Arc::new(Mutex::new(receiver));
+        let (sender, receiver) = crossbeam_channel::unbounded::<Msg>();
         let mut threads = Vec::with_capacity(size);
         for i in 0..size {
             let receiver = receiver.clone();
@@ -98,37 +105,24 @@ impl WorkerPool {
             threads.push(handle);
         }
         Ok(WorkerPool {
-            sender: Mutex::new(Some(sender)),
+            sender,
             threads: Mutex::new(threads),
         })
     }
 
     /// Queue a job; if the pool is shut down, run it here instead (never lose a chain).
     fn submit(&self, job: Job) {
-        let sender = self
-            .sender
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        match sender {
-            Some(s) => {
-                if let Err(mpsc::SendError(job)) = s.send(job) {
-                    job();
-                }
-            }
-            None => job(),
+        if let Err(crossbeam_channel::SendError(Msg::Run(job))) = self.sender.send(Msg::Run(job)) {
+            job();
         }
     }
 
     fn shutdown(&self) {
-        drop(
-            self.sender
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
         let threads =
             std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        for _ in &threads {
+            let _ = self.sender.send(Msg::Stop);
+        }
         for t in threads {
             if t.join().is_err() {
                 error!("A FUSE worker thread panicked");
@@ -143,24 +137,20 @@ impl Drop for WorkerPool {
     }
 }
 
-fn worker_loop(receiver: &Mutex<Receiver<Job>>) {
-    loop {
-        // Hold the lock only to dequeue.
-        let job = receiver
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .recv();
-        let Ok(job) = job else { return };
+fn worker_loop(receiver: &crossbeam_channel::Receiver<Msg>) {
+    while let Ok(Msg::Run(job)) = receiver.recv() {
         if catch_unwind(AssertUnwindSafe(job)).is_err() {
             error!("A FUSE request handler panicked; the request is lost, serving the others");
         }
     }
 }
 
-/// Counts requests in flight so shutdown can wait for them.
+/// Counts requests in flight so shutdown can wait for them. Entering and leaving are one atomic
+/// operation each; the lock is taken only when the count drops to zero while someone waits.
 #[derive(Debug, Default)]
 struct InFlight {
-    count: Mutex<usize>,
+    count: AtomicUsize,
+    lock: Mutex<()>,
     idle: Condvar,
 }
 
@@ -169,26 +159,23 @@ struct InFlightGuard(Arc<InFlight>);
 
 impl InFlight {
     fn enter(self: &Arc<Self>) -> InFlightGuard {
-        *self.count.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.count.fetch_add(1, Ordering::AcqRel);
         InFlightGuard(self.clone())
     }
 
     fn wait_idle(&self) {
-        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
-        while *count > 0 {
-            count = self
-                .idle
-                .wait(count)
-                .unwrap_or_else(PoisonError::into_inner);
+        let mut g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
+        while self.count.load(Ordering::Acquire) > 0 {
+            g = self.idle.wait(g).unwrap_or_else(PoisonError::into_inner);
         }
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        let mut count = self.0.count.lock().unwrap_or_else(PoisonError::into_inner);
-        *count = count.saturating_sub(1);
-        if *count == 0 {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // Taking the lock orders this wake-up after a waiter's check of the count.
+            let _g = self.0.lock.lock().unwrap_or_else(PoisonError::into_inner);
             self.0.idle.notify_all();
         }
     }
@@ -285,33 +272,52 @@ where
     }
 
     /// Pop every available chain of `vring` and dispatch it.
+    ///
+    /// With a worker pool, every chain but the last of a batch goes to the pool, and the last is
+    /// served right here: a lone request (a path walk, a stat) then costs no thread hand-off and
+    /// no wake-up, while a burst still spreads over the workers. SETLKW may wait for another
+    /// request of the same queue to unlock, so it always goes to the pool.
     fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+        let mut last: Option<Pending> = None;
         loop {
             if self.inner.closed.load(Ordering::Acquire) {
-                return;
+                break;
             }
             let guard = mem.memory();
             let chain = vring
                 .get_mut()
                 .get_queue_mut()
                 .pop_descriptor_chain(guard.clone());
-            let Some(chain) = chain else { return };
-            let in_flight = self.inner.in_flight.enter();
-            match (&self.inner.pool, queue) {
-                (Some(pool), q) if q != HIPRIO_QUEUE => {
-                    let server = self.inner.server.clone();
-                    let vring = vring.clone();
-                    pool.submit(Box::new(move || {
-                        complete_chain(&server, &vring, &guard, chain, queue);
-                        drop(in_flight);
-                    }));
+            let Some(chain) = chain else { break };
+            let pending = Pending {
+                in_flight: self.inner.in_flight.enter(),
+                depth: metrics::global().queue_enter(queue),
+                guard,
+                chain,
+            };
+            match &self.inner.pool {
+                Some(pool) if queue != HIPRIO_QUEUE => {
+                    if let Some(prev) = last.take() {
+                        self.submit(pool, vring, prev, queue);
+                    }
+                    if opcode(&pending.guard, &pending.chain) == Some(FUSE_SETLKW) {
+                        self.submit(pool, vring, pending, queue);
+                    } else {
+                        last = Some(pending);
+                    }
                 }
-                _ => {
-                    complete_chain(&self.inner.server, vring, &guard, chain, queue);
-                    drop(in_flight);
-                }
+                _ => pending.serve(&self.inner.server, vring, queue),
             }
         }
+        if let Some(p) = last {
+            p.serve(&self.inner.server, vring, queue);
+        }
+    }
+
+    fn submit(&self, pool: &WorkerPool, vring: &Vring, p: Pending, queue: usize) {
+        let server = self.inner.server.clone();
+        let vring = vring.clone();
+        pool.submit(Box::new(move || p.serve(&server, &vring, queue)));
     }
 
     fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<()> {
@@ -340,6 +346,38 @@ where
             }
         }
     }
+}
+
+/// FUSE_SETLKW: may block until another request releases a lock.
+const FUSE_SETLKW: u32 = 33;
+
+/// A popped chain and what accounts for it until it is answered.
+struct Pending {
+    in_flight: InFlightGuard,
+    depth: metrics::QueueDepthGuard,
+    guard: MemGuard,
+    chain: DescriptorChain<MemGuard>,
+}
+
+impl Pending {
+    fn serve<F>(self, server: &FuseServer<F>, vring: &Vring, queue: usize)
+    where
+        F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    {
+        complete_chain(server, vring, &self.guard, self.chain, queue);
+        drop(self.depth);
+        drop(self.in_flight);
+    }
+}
+
+/// The opcode of a request, read from its in-header without consuming the chain; `None` when
+/// the first descriptor does not hold it (the server will judge such a request).
+fn opcode(mem: &MemGuard, chain: &DescriptorChain<MemGuard>) -> Option<u32> {
+    let first = chain.clone().next()?;
+    if first.is_write_only() || first.len() < 8 {
+        return None;
+    }
+    mem.read_obj::<u32>(first.addr().checked_add(4)?).ok()
 }
 
 fn queue_error(e: virtio_queue::Error) -> io::Error {
@@ -395,10 +433,40 @@ where
 {
     let reader =
         Reader::from_descriptor_chain(&**mem, chain.clone()).map_err(ChainError::Reader)?;
+    let probe = chain.clone();
     let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
     server
-        .handle_message(reader, Writer::from(writer))
+        .handle_message(reader, Writer::from(writer), |written| {
+            read_reply_head(mem, probe, written)
+        })
         .map_err(ChainError::Server)
+}
+
+/// Read back the first bytes of the reply just written to the chain's writable descriptors
+/// (for the metrics). Returns the buffer and how many bytes of it are filled.
+fn read_reply_head(
+    mem: &MemGuard,
+    chain: DescriptorChain<MemGuard>,
+    written: usize,
+) -> ([u8; metrics::REPLY_HEAD_LEN], usize) {
+    let mut head = [0u8; metrics::REPLY_HEAD_LEN];
+    let want = written.min(head.len());
+    let mut filled = 0;
+    for desc in chain.writable() {
+        if filled >= want {
+            break;
+        }
+        let len = usize::try_from(desc.len()).unwrap_or(usize::MAX);
+        let take = len.min(want - filled);
+        let Some(dst) = head.get_mut(filled..filled + take) else {
+            break;
+        };
+        if mem.read_slice(dst, desc.addr()).is_err() {
+            break;
+        }
+        filled += take;
+    }
+    (head, filled)
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

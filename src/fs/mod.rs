@@ -11,6 +11,7 @@
 //! libcephfs, offsets and lengths are checked against i64, and every error keeps its raw errno.
 
 pub mod handles;
+pub mod idmap;
 pub mod killpriv;
 pub mod names;
 pub mod nodes;
@@ -70,8 +71,12 @@ pub enum Handle {
 #[derive(Debug)]
 pub struct OpenFile {
     file: File,
+    /// Opened for writing: an ftruncate through it needs no further permission.
+    writable: bool,
     /// POSIX locks were taken through this handle: FLUSH must release the owner's locks.
     locked: AtomicBool,
+    /// Quarantine domain of the node it was opened on.
+    domain: u32,
 }
 
 #[derive(Debug)]
@@ -79,6 +84,27 @@ pub struct DirStream {
     dir: Dir,
     /// Offset of the next entry (what telldir returns), 0 at the start.
     pos: u64,
+    /// An entry read from libcephfs that did not fit in the last reply: it is handed out first
+    /// by the next READDIR at `pos`. Seeking libcephfs back instead would make it drop its
+    /// directory buffer and go back to the MDS for every reply page.
+    pending: Option<Box<ceph_client::DirEntryPlus>>,
+}
+
+/// One READDIR or READDIRPLUS request.
+struct DirRead {
+    inode: u64,
+    handle: u64,
+    offset: u64,
+    size: u32,
+    plus: bool,
+}
+
+/// Bytes one entry takes in a READDIR(PLUS) reply (fuse_dirent padded to 8, plus a
+/// fuse_entry_out for READDIRPLUS), as fuse-backend-rs lays it out.
+fn dirent_size(name_len: usize, plus: bool) -> usize {
+    const DIRENT: usize = 24;
+    const ENTRY_OUT: usize = 128;
+    ((DIRENT + name_len + 7) & !7) + if plus { ENTRY_OUT } else { 0 }
 }
 
 /// Filesystem options, derived from the daemon's configuration.
@@ -95,6 +121,8 @@ pub struct FsConfig {
     pub xattr: bool,
     /// Let guests set/remove `ceph.*` virtual xattrs (layouts, quotas).
     pub allow_ceph_xattr_set: bool,
+    /// Quarantine gate (None = quarantine support off). See [`crate::quarantine`].
+    pub quarantine: Option<Arc<crate::quarantine::Gate>>,
 }
 
 impl Default for FsConfig {
@@ -106,6 +134,7 @@ impl Default for FsConfig {
             killpriv_v2: true,
             xattr: true,
             allow_ceph_xattr_set: false,
+            quarantine: None,
         }
     }
 }
@@ -200,7 +229,7 @@ impl CephFs {
         let nodes = NodeTable::new(NewNode {
             vino: vino_of(&st),
             kind: kind_of(&st),
-            domain: 0,
+            domain: cfg.quarantine.as_ref().map_or(0, |g| g.root_domain()),
             inode: root,
         });
         Ok(CephFs {
@@ -254,12 +283,62 @@ impl CephFs {
         }
     }
 
+    /// Quarantine: the domain of a looked-up child of `parent` — the parent's, unless the child
+    /// is the root directory of a domain (a lock-free table probe, directories only).
+    #[inline]
+    fn child_domain(&self, parent: &Node, st: &Statx) -> u32 {
+        match &self.cfg.quarantine {
+            Some(g) if kind_of(st) == libc::S_IFDIR => {
+                g.domain_of_root(st.stx_ino).unwrap_or(parent.domain)
+            }
+            _ => parent.domain,
+        }
+    }
+
+    /// Quarantine gate: EACCES (and a rate-limited audit line) when `domain` is denied. For
+    /// domain 0 (outside every quarantine-capable directory) this is one comparison.
+    #[inline]
+    fn gate(&self, domain: u32, op: &'static str, uid: u32) -> io::Result<()> {
+        if domain == 0 {
+            return Ok(());
+        }
+        match &self.cfg.quarantine {
+            Some(g) if g.denied(domain) => {
+                g.audit(domain, op, uid);
+                Err(errno(libc::EACCES))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The node `id`, if the caller may touch it now (stale id: ESTALE; quarantined: EACCES).
+    fn node_op(&self, id: u64, op: &'static str, ctx: &Context) -> io::Result<Arc<Node>> {
+        let node = self.node(id)?;
+        self.gate(node.domain, op, ctx.uid)?;
+        Ok(node)
+    }
+
+    /// Whether `name` in `dir` is the root of a denied domain (rename must not move a
+    /// quarantined directory away). Only asked while some domain is denied.
+    fn names_denied_root(&self, dir: &Node, name: &CStr, perm: &ceph_client::UserPerm) -> bool {
+        let Some(g) = &self.cfg.quarantine else {
+            return false;
+        };
+        if !g.any_denied() {
+            return false;
+        }
+        match self.mount.lookup(&dir.inode, name, WANT, 0, perm) {
+            Ok((_, st)) => g.denied(self.child_domain(dir, &st)),
+            Err(_) => false,
+        }
+    }
+
     /// Enter a looked-up inode and build the reply entry (one lookup count for the kernel).
-    fn entry(&self, parent: &Node, inode: Inode, st: &Statx) -> Entry {
+    fn entry(&self, domain: u32, inode: Inode, st: &Statx) -> Entry {
         let node = self.nodes.insert(NewNode {
             vino: vino_of(st),
             kind: kind_of(st),
-            domain: parent.domain,
+            domain,
             inode,
         });
         self.entry_for(&node, st)
@@ -277,10 +356,20 @@ impl CephFs {
         }
     }
 
-    fn file(&self, node: u64, fh: u64) -> io::Result<Arc<handles::Entry<Handle>>> {
+    fn file(
+        &self,
+        node: u64,
+        fh: u64,
+        op: &'static str,
+        uid: u32,
+    ) -> io::Result<Arc<handles::Entry<Handle>>> {
         let h = self.handles.get(node, fh).map_err(errno)?;
-        match h.handle {
-            Handle::File(_) => Ok(h),
+        match &h.handle {
+            Handle::File(f) => {
+                // Handles opened before a quarantine are refused too.
+                self.gate(f.domain, op, uid)?;
+                Ok(h)
+            }
             Handle::Dir(_) => Err(errno(libc::EISDIR)),
         }
     }
@@ -357,10 +446,13 @@ impl CephFs {
         if bytes == b"." || (bytes == b".." && parent.id == ROOT_ID) {
             let st = self.mount.getattr(&parent.inode, WANT, 0, &perm)?;
             let same = parent.inode.try_clone()?;
-            return Ok(self.entry(parent, same, &st));
+            return Ok(self.entry(parent.domain, same, &st));
         }
         let (inode, st) = self.mount.lookup(&parent.inode, name, WANT, 0, &perm)?;
-        Ok(self.entry(parent, inode, &st))
+        let domain = self.child_domain(parent, &st);
+        // A denied domain root: the reference is released, nothing enters the table.
+        self.gate(domain, "lookup", ctx.uid)?;
+        Ok(self.entry(domain, inode, &st))
     }
 
     fn open_options(&self, node: &Node, flags: u32) -> OpenOptions {
@@ -395,13 +487,19 @@ impl CephFs {
 
     fn read_dir(
         &self,
-        inode: u64,
-        handle: u64,
-        offset: u64,
-        plus: bool,
+        req: DirRead,
+        uid: u32,
         add: &mut dyn FnMut(DirEntry, Option<Entry>) -> io::Result<usize>,
     ) -> io::Result<()> {
+        let DirRead {
+            inode,
+            handle,
+            offset,
+            size,
+            plus,
+        } = req;
         let node = self.node(inode)?;
+        self.gate(node.domain, "readdir", uid)?;
         let h = self.handles.get(inode, handle).map_err(errno)?;
         let Handle::Dir(stream) = &h.handle else {
             return Err(errno(libc::ENOTDIR));
@@ -414,12 +512,24 @@ impl CephFs {
                 s.dir.seekdir(to_off(offset)?);
             }
             s.pos = offset;
+            s.pending = None;
         }
+        let mut room = size as usize;
         loop {
-            let before = s.dir.telldir();
-            let Some(de) = s.dir.readdirplus(WANT, 0, plus)? else {
-                break;
+            let de = match s.pending.take() {
+                Some(de) => de,
+                None => match s.dir.readdirplus(WANT, 0, plus)? {
+                    Some(de) => Box::new(de),
+                    None => break,
+                },
             };
+            // Stop before an entry that does not fit, without taking a node for it.
+            let need = dirent_size(de.name.len(), plus);
+            if need > room {
+                s.pending = Some(de);
+                break;
+            }
+            room -= need;
             let next = u64::try_from(de.offset).unwrap_or(0);
             let dot = names::is_dot_or_dotdot(&de.name[..]);
             let dirent = DirEntry {
@@ -429,7 +539,15 @@ impl CephFs {
                 name: &de.name[..],
             };
             let mut took = None;
-            let entry = match (plus, dot, de.inode) {
+            // A denied domain root is listed, but gets no node (its lookup will be refused).
+            let denied = plus
+                && !dot
+                && self
+                    .cfg
+                    .quarantine
+                    .as_ref()
+                    .is_some_and(|g| g.denied(self.child_domain(&node, &de.statx)));
+            let entry = match (plus, dot || denied, de.inode) {
                 (false, _, _) => None,
                 // "." and ".." carry no node: the kernel does not instantiate them, and ".." of
                 // the export root lies outside the export.
@@ -442,18 +560,19 @@ impl CephFs {
                     entry_timeout: Duration::ZERO,
                 }),
                 (true, false, Some(inode)) => {
-                    let e = self.entry(&node, inode, &de.statx);
+                    let e = self.entry(self.child_domain(&node, &de.statx), inode, &de.statx);
                     took = Some(e.inode);
                     Some(e)
                 }
             };
             if add(dirent, entry)? == 0 {
-                // The reply buffer is full: the kernel did not take this entry, so neither its
-                // lookup count nor its position.
+                // Cannot happen while dirent_size matches the server's layout; should it, the
+                // kernel did not take this entry, so neither its lookup count nor its position.
                 if let Some(id) = took {
                     self.nodes.forget(id, 1);
                 }
-                s.dir.seekdir(before);
+                let back = to_off(s.pos)?;
+                s.dir.seekdir(back);
                 break;
             }
             s.pos = next;
@@ -550,7 +669,7 @@ impl FileSystem for CephFs {
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
         names::check_name(name, Use::Lookup).map_err(errno)?;
-        let parent = self.node(parent)?;
+        let parent = self.node_op(parent, "lookup", ctx)?;
         match self.lookup_name(&parent, name, ctx) {
             // A negative entry lets the guest cache "not there" for as long as a positive one.
             Err(e)
@@ -585,7 +704,7 @@ impl FileSystem for CephFs {
         inode: u64,
         _handle: Option<u64>,
     ) -> io::Result<(stat64, Duration)> {
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "getattr", ctx)?;
         let st = self.mount.getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
         Ok((to_stat(&st), self.policy.ttl(self.class(&node)).attr))
     }
@@ -598,12 +717,16 @@ impl FileSystem for CephFs {
         handle: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(stat64, Duration)> {
-        let node = self.node(inode)?;
-        if let Some(fh) = handle {
-            // A handle, when given, must be one of ours for this node.
-            self.handles.get(inode, fh).map_err(errno)?;
-        }
-        let perm = self.perm(ctx);
+        let node = self.node_op(inode, "setattr", ctx)?;
+        // A handle, when given, must be one of ours for this node.
+        let through_writable_handle = match handle {
+            Some(fh) => match &self.handles.get(inode, fh).map_err(errno)?.handle {
+                Handle::File(f) => f.writable,
+                Handle::Dir(_) => false,
+            },
+            None => false,
+        };
+        let mut perm = self.perm(ctx);
         let mut st = Statx::default();
         let mut mask = 0;
         if valid.contains(SetattrValid::MODE) {
@@ -682,6 +805,13 @@ impl FileSystem for CephFs {
             }
         }
 
+        // ftruncate(2) needs only a descriptor open for writing, not write permission on the
+        // file now (think of a file created with mode 0): libcephfs checks the mode, so a size
+        // change through a writable handle of ours runs with root credentials.
+        let size_and_times = CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_CTIME;
+        if through_writable_handle && mask & CEPH_SETATTR_SIZE != 0 && mask & !size_and_times == 0 {
+            perm = self.perms.get(0, 0);
+        }
         if mask != 0 {
             match self.mount.setattr(&node.inode, &st, mask, &perm) {
                 Ok(()) => {}
@@ -720,7 +850,7 @@ impl FileSystem for CephFs {
     }
 
     fn readlink(&self, ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "readlink", ctx)?;
         Ok(self.mount.readlink(&node.inode, &self.perm(ctx))?)
     }
 
@@ -735,11 +865,11 @@ impl FileSystem for CephFs {
         if linkname.to_bytes().len() >= PATH_MAX {
             return Err(errno(libc::ENAMETOOLONG));
         }
-        let parent = self.node(parent)?;
+        let parent = self.node_op(parent, "symlink", ctx)?;
         let (inode, st) =
             self.mount
                 .symlink(&parent.inode, name, linkname, WANT, 0, &self.perm(ctx))?;
-        Ok(self.entry(&parent, inode, &st))
+        Ok(self.entry(parent.domain, inode, &st))
     }
 
     fn mknod(
@@ -752,7 +882,7 @@ impl FileSystem for CephFs {
         _umask: u32,
     ) -> io::Result<Entry> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node(parent)?;
+        let parent = self.node_op(parent, "mknod", ctx)?;
         let (inode, st) = self.mount.mknod(
             &parent.inode,
             name,
@@ -762,7 +892,7 @@ impl FileSystem for CephFs {
             0,
             &self.perm(ctx),
         )?;
-        Ok(self.entry(&parent, inode, &st))
+        Ok(self.entry(parent.domain, inode, &st))
     }
 
     fn mkdir(
@@ -774,23 +904,27 @@ impl FileSystem for CephFs {
         _umask: u32,
     ) -> io::Result<Entry> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node(parent)?;
+        let parent = self.node_op(parent, "mkdir", ctx)?;
         let (inode, st) =
             self.mount
                 .mkdir(&parent.inode, name, mode & 0o7777, WANT, 0, &self.perm(ctx))?;
-        Ok(self.entry(&parent, inode, &st))
+        Ok(self.entry(self.child_domain(&parent, &st), inode, &st))
     }
 
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node(parent)?;
+        let parent = self.node_op(parent, "unlink", ctx)?;
         Ok(self.mount.unlink(&parent.inode, name, &self.perm(ctx))?)
     }
 
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node(parent)?;
-        Ok(self.mount.rmdir(&parent.inode, name, &self.perm(ctx))?)
+        let parent = self.node_op(parent, "rmdir", ctx)?;
+        let perm = self.perm(ctx);
+        if self.names_denied_root(&parent, name, &perm) {
+            return Err(errno(libc::EACCES));
+        }
+        Ok(self.mount.rmdir(&parent.inode, name, &perm)?)
     }
 
     fn rename(
@@ -804,9 +938,15 @@ impl FileSystem for CephFs {
     ) -> io::Result<()> {
         names::check_name(oldname, Use::Change).map_err(errno)?;
         names::check_name(newname, Use::Change).map_err(errno)?;
-        let old = self.node(olddir)?;
-        let new = self.node(newdir)?;
+        let old = self.node_op(olddir, "rename", ctx)?;
+        let new = self.node_op(newdir, "rename", ctx)?;
         let perm = self.perm(ctx);
+        // Moving a quarantined directory itself (or replacing one) is refused as well.
+        if self.names_denied_root(&old, oldname, &perm)
+            || self.names_denied_root(&new, newname, &perm)
+        {
+            return Err(errno(libc::EACCES));
+        }
         match flags {
             0 => {}
             // libcephfs has no atomic "rename unless the target exists": check, then rename.
@@ -829,14 +969,14 @@ impl FileSystem for CephFs {
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
         names::check_name(newname, Use::Change).map_err(errno)?;
-        let node = self.node(inode)?;
-        let parent = self.node(newparent)?;
+        let node = self.node_op(inode, "link", ctx)?;
+        let parent = self.node_op(newparent, "link", ctx)?;
         let perm = self.perm(ctx);
         self.mount
             .link(&node.inode, &parent.inode, newname, &perm)?;
         let st = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
         let inode = node.inode.try_clone()?;
-        Ok(self.entry(&parent, inode, &st))
+        Ok(self.entry(node.domain, inode, &st))
     }
 
     fn open(
@@ -846,7 +986,7 @@ impl FileSystem for CephFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "open", ctx)?;
         if node.is_dir() {
             return Err(errno(libc::EISDIR));
         }
@@ -871,7 +1011,9 @@ impl FileSystem for CephFs {
             inode,
             Handle::File(OpenFile {
                 file,
+                writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
                 locked: AtomicBool::new(false),
+                domain: node.domain,
             }),
         );
         Ok((Some(fh), self.open_options(&node, flags), None))
@@ -885,7 +1027,7 @@ impl FileSystem for CephFs {
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node(parent)?;
+        let parent = self.node_op(parent, "create", ctx)?;
         let perm = self.perm(ctx);
         let keep = (libc::O_ACCMODE
             | libc::O_CREAT
@@ -904,7 +1046,7 @@ impl FileSystem for CephFs {
             0,
             &perm,
         )?;
-        let entry = self.entry(&parent, inode, &st);
+        let entry = self.entry(parent.domain, inode, &st);
         let node = self.node(entry.inode)?;
         // CREATE can open an existing file (no O_EXCL): O_TRUNC then has the SB_NOSEC duty.
         if oflags & libc::O_TRUNC != 0
@@ -921,7 +1063,9 @@ impl FileSystem for CephFs {
             entry.inode,
             Handle::File(OpenFile {
                 file,
+                writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
                 locked: AtomicBool::new(false),
+                domain: node.domain,
             }),
         );
         let opts = self.open_options(&node, args.flags);
@@ -930,7 +1074,7 @@ impl FileSystem for CephFs {
 
     fn read(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         w: &mut dyn ZeroCopyWriter,
@@ -940,7 +1084,7 @@ impl FileSystem for CephFs {
         _flags: u32,
     ) -> io::Result<usize> {
         range(offset, u64::from(size))?;
-        let h = self.file(inode, handle)?;
+        let h = self.file(inode, handle, "read", ctx.uid)?;
         let Handle::File(f) = &h.handle else {
             return Err(ebadf());
         };
@@ -961,7 +1105,7 @@ impl FileSystem for CephFs {
         fuse_flags: u32,
     ) -> io::Result<usize> {
         range(offset, u64::from(size))?;
-        let h = self.file(inode, handle)?;
+        let h = self.file(inode, handle, "write", ctx.uid)?;
         let Handle::File(f) = &h.handle else {
             return Err(ebadf());
         };
@@ -977,8 +1121,8 @@ impl FileSystem for CephFs {
         r.read_to(&mut CephIo(&f.file), size as usize, offset)
     }
 
-    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
-        let h = self.file(inode, handle)?;
+    fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
+        let h = self.file(inode, handle, "flush", ctx.uid)?;
         let Handle::File(f) = &h.handle else {
             return Err(ebadf());
         };
@@ -990,8 +1134,8 @@ impl FileSystem for CephFs {
         Ok(())
     }
 
-    fn fsync(&self, _ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
-        let h = self.file(inode, handle)?;
+    fn fsync(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        let h = self.file(inode, handle, "fsync", ctx.uid)?;
         let Handle::File(f) = &h.handle else {
             return Err(ebadf());
         };
@@ -1000,7 +1144,7 @@ impl FileSystem for CephFs {
 
     fn fallocate(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         mode: u32,
@@ -1008,7 +1152,7 @@ impl FileSystem for CephFs {
         length: u64,
     ) -> io::Result<()> {
         range(offset, length)?;
-        let h = self.file(inode, handle)?;
+        let h = self.file(inode, handle, "fallocate", ctx.uid)?;
         let Handle::File(f) = &h.handle else {
             return Err(ebadf());
         };
@@ -1036,8 +1180,8 @@ impl FileSystem for CephFs {
         Ok(())
     }
 
-    fn statfs(&self, _ctx: &Context, inode: u64) -> io::Result<statvfs64> {
-        let node = self.node(inode)?;
+    fn statfs(&self, ctx: &Context, inode: u64) -> io::Result<statvfs64> {
+        let node = self.node_op(inode, "statfs", ctx)?;
         let s = self.mount.statfs(&node.inode)?;
         // SAFETY: statvfs64 is a plain C struct of integers (with private padding); all-zero is
         // a valid value for it.
@@ -1075,7 +1219,7 @@ impl FileSystem for CephFs {
             return Err(errno(libc::E2BIG));
         }
         let flags = i32::try_from(flags).map_err(|_| errno(libc::EINVAL))?;
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "setxattr", ctx)?;
         Ok(self
             .mount
             .setxattr(&node.inode, name, value, flags, &self.perm(ctx))?)
@@ -1094,7 +1238,7 @@ impl FileSystem for CephFs {
         if names::xattr_access(name.to_bytes(), true) == XattrAccess::Hidden {
             return Err(errno(libc::ENODATA));
         }
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "getxattr", ctx)?;
         let perm = self.perm(ctx);
         if size == 0 {
             let n = self.mount.getxattr(&node.inode, name, &mut [], &perm)?;
@@ -1112,7 +1256,7 @@ impl FileSystem for CephFs {
         if !self.cfg.xattr {
             return Err(errno(libc::ENOSYS));
         }
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "listxattr", ctx)?;
         let list = self.xattr_list(&node, &self.perm(ctx))?;
         let len = u32::try_from(list.len()).map_err(|_| errno(libc::E2BIG))?;
         if size == 0 {
@@ -1133,7 +1277,7 @@ impl FileSystem for CephFs {
             XattrAccess::ReadOnly => return Err(errno(libc::EPERM)),
             XattrAccess::Hidden => return Err(errno(libc::ENODATA)),
         }
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "removexattr", ctx)?;
         Ok(self.mount.removexattr(&node.inode, name, &self.perm(ctx))?)
     }
 
@@ -1143,46 +1287,65 @@ impl FileSystem for CephFs {
         inode: u64,
         _flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions)> {
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "opendir", ctx)?;
         if !node.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
         let dir = self.mount.opendir(&node.inode, &self.perm(ctx))?;
-        let fh = self
-            .handles
-            .insert(inode, Handle::Dir(Mutex::new(DirStream { dir, pos: 0 })));
+        let fh = self.handles.insert(
+            inode,
+            Handle::Dir(Mutex::new(DirStream {
+                dir,
+                pos: 0,
+                pending: None,
+            })),
+        );
         Ok((Some(fh), OpenOptions::empty()))
     }
 
     fn readdir(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
-        _size: u32,
+        size: u32,
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.read_dir(inode, handle, offset, false, &mut |d, _| add_entry(d))
+        let req = DirRead {
+            inode,
+            handle,
+            offset,
+            size,
+            plus: false,
+        };
+        self.read_dir(req, ctx.uid, &mut |d, _| add_entry(d))
     }
 
     fn readdirplus(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
-        _size: u32,
+        size: u32,
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        self.read_dir(inode, handle, offset, true, &mut |d, e| match e {
+        let req = DirRead {
+            inode,
+            handle,
+            offset,
+            size,
+            plus: true,
+        };
+        self.read_dir(req, ctx.uid, &mut |d, e| match e {
             Some(e) => add_entry(d, e),
             None => Err(errno(libc::EIO)),
         })
     }
 
-    fn fsyncdir(&self, _ctx: &Context, inode: u64, _datasync: bool, handle: u64) -> io::Result<()> {
-        let node = self.node(inode)?;
+    fn fsyncdir(&self, ctx: &Context, inode: u64, _datasync: bool, handle: u64) -> io::Result<()> {
+        let node = self.node_op(inode, "fsyncdir", ctx)?;
         self.handles.get(inode, handle).map_err(errno)?;
         Ok(self.mount.sync_inode(&node.inode, false)?)
     }
@@ -1193,7 +1356,7 @@ impl FileSystem for CephFs {
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
-        let node = self.node(inode)?;
+        let node = self.node_op(inode, "access", ctx)?;
         let st = self.mount.getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
         access_allowed(&st, ctx.uid, ctx.gid, mask)
             .then_some(())
@@ -1202,14 +1365,14 @@ impl FileSystem for CephFs {
 
     fn lseek(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         offset: u64,
         whence: u32,
     ) -> io::Result<u64> {
         let off = to_off(offset)?;
-        let h = self.file(inode, handle)?;
+        let h = self.file(inode, handle, "lseek", ctx.uid)?;
         let Handle::File(f) = &h.handle else {
             return Err(ebadf());
         };
@@ -1219,14 +1382,14 @@ impl FileSystem for CephFs {
 
     fn getlk(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         owner: u64,
         lock: FileLock,
         _flags: u32,
     ) -> io::Result<FileLock> {
-        let h = self.file(inode, handle)?;
+        let h = self.file(inode, handle, "getlk", ctx.uid)?;
         let Handle::File(f) = &h.handle else {
             return Err(ebadf());
         };
@@ -1237,30 +1400,31 @@ impl FileSystem for CephFs {
 
     fn setlk(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         owner: u64,
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
-        self.set_lock(inode, handle, owner, lock, flags, false)
+        self.set_lock(inode, handle, owner, lock, flags, false, ctx.uid)
     }
 
     fn setlkw(
         &self,
-        _ctx: &Context,
+        ctx: &Context,
         inode: u64,
         handle: u64,
         owner: u64,
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
-        self.set_lock(inode, handle, owner, lock, flags, true)
+        self.set_lock(inode, handle, owner, lock, flags, true, ctx.uid)
     }
 }
 
 impl CephFs {
+    #[allow(clippy::too_many_arguments)]
     fn set_lock(
         &self,
         inode: u64,
@@ -1269,8 +1433,9 @@ impl CephFs {
         lock: FileLock,
         flags: u32,
         sleep: bool,
+        uid: u32,
     ) -> io::Result<()> {
-        let h = self.file(inode, handle)?;
+        let h = self.file(inode, handle, "lock", uid)?;
         let Handle::File(f) = &h.handle else {
             return Err(ebadf());
         };
@@ -1306,8 +1471,8 @@ impl CephFs {
     ) -> io::Result<usize> {
         range(off_in, len)?;
         range(off_out, len)?;
-        let hi = self.file(ino_in, fh_in)?;
-        let ho = self.file(ino_out, fh_out)?;
+        let hi = self.file(ino_in, fh_in, "copy_file_range", ctx.uid)?;
+        let ho = self.file(ino_out, fh_out, "copy_file_range", ctx.uid)?;
         let (Handle::File(fi), Handle::File(fo)) = (&hi.handle, &ho.handle) else {
             return Err(ebadf());
         };

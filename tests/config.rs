@@ -1,0 +1,82 @@
+//! The shipped example configuration must parse, and the command line must override it.
+
+use std::path::PathBuf;
+
+use ceph_virtiofsd::args::{Args, CacheMode, LogLevel};
+use ceph_virtiofsd::config::{Config, Listen};
+use clap::Parser;
+
+fn example() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("config/ceph-virtiofsd.toml")
+        .display()
+        .to_string()
+}
+
+fn config(extra: &[&str]) -> Config {
+    let path = example();
+    let mut argv = vec!["ceph-virtiofsd", "--config", path.as_str()];
+    argv.extend_from_slice(extra);
+    let args = Args::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
+    Config::try_from(args).unwrap_or_else(|e| panic!("{}", ceph_virtiofsd::report(&e)))
+}
+
+#[test]
+fn example_config_parses() {
+    let c = config(&[]);
+    assert_eq!(
+        c.listen,
+        Listen::SocketPath("/run/ceph-virtiofsd/vm1.sock".into())
+    );
+    assert_eq!(c.tag.as_deref(), Some("cephfs"));
+    assert_eq!(c.thread_pool_size, 4);
+    assert_eq!(c.queues, 1);
+    assert!(!c.keep_serving);
+    assert_eq!(c.cache, CacheMode::Auto);
+    assert!(c.xattr);
+    assert_eq!(c.log.level, LogLevel::Info);
+    assert!(!c.log.syslog);
+    assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
+    assert_eq!(c.ceph.fs_name.as_deref(), Some("cephfs"));
+    assert_eq!(c.ceph.root, "/volumes/_nogroup/vm1");
+    assert_eq!(c.ceph.mount_timeout.as_secs(), 30);
+    assert_eq!(
+        c.ceph.options,
+        vec![("client_cache_size".to_owned(), "16384".to_owned())]
+    );
+    assert!(c.warnings.is_empty());
+}
+
+#[test]
+fn command_line_overrides_example_config() {
+    let c = config(&[
+        "--fd",
+        "3",
+        "--cache",
+        "never",
+        "--no-xattr",
+        "--thread-pool-size",
+        "0",
+        "--ceph-root",
+        "/other",
+        "--ceph-opt",
+        "client_cache_size=1",
+        "--log-level",
+        "debug",
+        "--keep-serving",
+    ]);
+    // --fd replaces the file's socket-path.
+    assert_eq!(c.listen, Listen::Fd(3));
+    assert_eq!(c.cache, CacheMode::Never);
+    assert!(!c.xattr);
+    assert_eq!(c.thread_pool_size, 0);
+    assert_eq!(c.ceph.root, "/other");
+    assert_eq!(
+        c.ceph.options,
+        vec![("client_cache_size".to_owned(), "1".to_owned())]
+    );
+    assert_eq!(c.log.level, LogLevel::Debug);
+    assert!(c.keep_serving);
+    // Untouched values still come from the file.
+    assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
+}
