@@ -9,7 +9,7 @@ use std::ffi::CString;
 use std::path::PathBuf;
 
 use ceph_client::{Mount, UserPerm, CEPH_STATX_BASIC_STATS};
-use common::{run_guest, Daemon, Lab};
+use common::{run_guest, run_guest_env, Daemon, Lab};
 
 /// The in-guest suites' data pattern (tests/guest/fs-suite.c, pattern_word): byte i is byte
 /// i % 8 (little endian) of splitmix64 output i / 8 for the seed.
@@ -163,4 +163,44 @@ fn guest_pjdfstest() {
         0,
         "pjdfstest runner verdict (see console above)"
     );
+}
+
+/// Linux 6.11+ guests spread requests over several request queues (one per vCPU here): a
+/// Debian trixie 6.12 guest with two vCPUs and two queues must get answers on both.
+#[test]
+fn guest_multiqueue_on_linux_6_12() {
+    let lab = Lab::get();
+    let name = format!("guest-mq-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let mut daemon = Daemon::start(
+        &lab,
+        &work,
+        &export,
+        &["--queues", "2", "--log-level", "debug"],
+    );
+    let script = "#!/bin/sh\n\
+        for c in 0 1; do\n\
+          taskset -c $c sh -c \"i=0; while [ \\$i -lt 50 ]; do echo \\$i > /mnt/f$c-\\$i || exit 1; i=\\$((i+1)); done\" &\n\
+        done\n\
+        wait\n\
+        echo \"FILES $(ls /mnt | wc -l)\"\n";
+    let env = [
+        ("GUEST_KERNEL_SUITE", "trixie"),
+        ("GUEST_SMP", "2"),
+        ("GUEST_FS_QUEUES", "2"),
+    ];
+    let run = run_guest_env(&lab, &work, &daemon, script, &[], 900, &env);
+    assert_eq!(run.code(), 0, "guest verdict");
+    assert!(run.console.contains("FILES 100"), "all files written");
+    let status = daemon.stop().expect("daemon status");
+    assert!(status.success());
+    let log = daemon.log_text();
+    for q in [1, 2] {
+        let kicks = log
+            .lines()
+            .filter(|l| l.contains("Queue kicked") && l.ends_with(&format!("queue={q}")))
+            .count();
+        assert!(kicks > 0, "request queue {q} was never used:\n{log}");
+    }
 }

@@ -97,7 +97,11 @@ impl Daemon {
             .arg(&lab.client_id)
             .arg("--ceph-root")
             .arg(ceph_root)
-            .args(["--log-level", "info"])
+            .args(if extra.contains(&"--log-level") {
+                &[][..]
+            } else {
+                &["--log-level", "info"][..]
+            })
             .args(extra)
             .stdin(Stdio::null())
             .stdout(logf.try_clone().unwrap())
@@ -208,10 +212,25 @@ pub fn run_guest(
     adds: &[(PathBuf, &str)],
     timeout_secs: u32,
 ) -> GuestRun {
+    run_guest_env(lab, work, daemon, script, adds, timeout_secs, &[])
+}
+
+/// [`run_guest`] with environment for the harness (GUEST_KERNEL_SUITE, GUEST_SMP,
+/// GUEST_FS_QUEUES: see tests/lab/guest/README.md).
+pub fn run_guest_env(
+    lab: &Lab,
+    work: &Path,
+    daemon: &Daemon,
+    script: &str,
+    adds: &[(PathBuf, &str)],
+    timeout_secs: u32,
+    env: &[(&str, &str)],
+) -> GuestRun {
     let script_path = work.join("test.sh");
     std::fs::write(&script_path, script).unwrap();
     let initrd = work.join("initramfs.cpio.gz");
     let mut b = Command::new(lab.top.join("tests/lab/guest/build-initramfs"));
+    b.envs(env.iter().copied());
     b.arg("--kernel-cache")
         .arg(&lab.kernel_cache)
         .arg("--out")
@@ -226,6 +245,7 @@ pub fn run_guest(
 
     let console = work.join("console.log");
     let mut child = Command::new(lab.top.join("tests/lab/guest/run-guest"))
+        .envs(env.iter().copied())
         .arg("--socket")
         .arg(&daemon.socket)
         .args(["--tag", "cephfs"])
