@@ -3,14 +3,13 @@
 
 mod common;
 
-use std::ffi::{CStr, CString};
-use std::io;
+use std::ffi::CStr;
 
 use ceph_virtiofsd::fs::{CephFs, FsConfig};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions, SetattrValid};
-use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::Lab;
+use common::{c, ctx, errno, Lab};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
     let export = lab.export_dir(name);
@@ -23,24 +22,6 @@ fn fs_for(lab: &Lab, name: &str) -> CephFs {
     fs.init(FsOptions::HANDLE_KILLPRIV_V2 | FsOptions::ASYNC_READ)
         .unwrap();
     fs
-}
-
-fn ctx(uid: u32, gid: u32) -> Context {
-    let mut c = Context::new();
-    c.uid = uid;
-    c.gid = gid;
-    c
-}
-
-fn c(s: &str) -> CString {
-    CString::new(s).unwrap()
-}
-
-fn errno<T>(r: io::Result<T>) -> i32 {
-    match r {
-        Ok(_) => panic!("expected an error, got success"),
-        Err(e) => e.raw_os_error().expect("raw errno"),
-    }
 }
 
 fn create(fs: &CephFs, parent: u64, name: &CStr, mode: u32) -> (u64, u64) {

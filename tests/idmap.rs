@@ -6,16 +6,14 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::io;
 use std::sync::Arc;
 
 use ceph_virtiofsd::fs::idmap::{IdMapFs, IdMapping, Rule};
 use ceph_virtiofsd::fs::{CephFs, FsConfig};
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
-use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::Lab;
+use common::{c, ctx, errno, Lab};
 
 /// Guest 1000 is Ceph 5000 (both ways); guest root is squashed to Ceph 6000 (shown back as 0);
 /// guest 666 may not be used.
@@ -31,24 +29,6 @@ fn rules(list: &[&str]) -> Vec<Rule> {
     list.iter()
         .map(|r| r.parse().unwrap_or_else(|e| panic!("{r}: {e}")))
         .collect()
-}
-
-fn ctx(uid: u32, gid: u32) -> Context {
-    let mut c = Context::new();
-    c.uid = uid;
-    c.gid = gid;
-    c
-}
-
-fn c(s: &str) -> CString {
-    CString::new(s).unwrap()
-}
-
-fn errno<T>(r: io::Result<T>) -> i32 {
-    match r {
-        Ok(_) => panic!("expected an error, got success"),
-        Err(e) => e.raw_os_error().expect("raw errno"),
-    }
 }
 
 fn owner(st: &stat64) -> (u32, u32) {

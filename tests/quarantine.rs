@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::ffi::CString;
 use std::io;
 use std::path::Path;
 use std::process::Command;
@@ -19,27 +18,13 @@ use ceph_virtiofsd::quarantine::{self, CephAccess, QuarantineConfig, Watcher};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions};
 use fuse_backend_rs::api::filesystem::{Context, FileSystem, ListxattrReply};
 
-use common::Lab;
-
-const BOUND: Duration = Duration::from_millis(1000);
+use common::{c, errno, Lab};
 
 fn ctx(uid: u32) -> Context {
-    let mut c = Context::new();
-    c.uid = uid;
-    c.gid = uid;
-    c
+    common::ctx(uid, uid)
 }
 
-fn c(s: &str) -> CString {
-    CString::new(s).unwrap()
-}
-
-fn errno<T>(r: io::Result<T>) -> i32 {
-    match r {
-        Ok(_) => panic!("expected an error, got success"),
-        Err(e) => e.raw_os_error().expect("raw errno"),
-    }
-}
+const BOUND: Duration = Duration::from_millis(1000);
 
 fn access(lab: &Lab, options: Vec<(String, String)>) -> CephAccess {
     CephAccess {

@@ -13,6 +13,26 @@ use std::time::{Duration, Instant};
 
 use ceph_client::{Mount, MountBuilder, UserPerm, CEPH_STATX_BASIC_STATS};
 
+/// FUSE request credentials of a guest caller.
+pub fn ctx(uid: u32, gid: u32) -> fuse_backend_rs::api::filesystem::Context {
+    let mut c = fuse_backend_rs::api::filesystem::Context::new();
+    c.uid = uid;
+    c.gid = gid;
+    c
+}
+
+pub fn c(s: &str) -> CString {
+    CString::new(s).unwrap()
+}
+
+/// The raw errno of a call that must fail.
+pub fn errno<T>(r: std::io::Result<T>) -> i32 {
+    match r {
+        Ok(_) => panic!("expected an error, got success"),
+        Err(e) => e.raw_os_error().expect("raw errno"),
+    }
+}
+
 pub struct Lab {
     pub conf: PathBuf,
     pub client_id: String,
