@@ -65,7 +65,14 @@ pub struct QuarantineArgs {
     /// Absolute CephFS path, e.g. /volumes/_nogroup/sv1.
     pub path: String,
 
-    /// ceph.conf to read (default: libcephfs's search path).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// How to reach the cluster: shared by the daemon and the quarantine command.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct ClusterArgs {
+    /// ceph.conf to read (default: libcephfs's search path, e.g. /etc/ceph/ceph.conf).
     #[arg(long, value_name = "FILE")]
     pub ceph_conf: Option<PathBuf>,
 
@@ -73,11 +80,11 @@ pub struct QuarantineArgs {
     #[arg(long, value_name = "ID")]
     pub client_id: Option<String>,
 
-    /// Keyring file holding the client's key.
+    /// Keyring file holding the client's key (default: from ceph.conf).
     #[arg(long, value_name = "FILE")]
     pub keyring: Option<PathBuf>,
 
-    /// CephFS file system name.
+    /// CephFS file system name (default: the cluster's default file system).
     #[arg(long, value_name = "NAME")]
     pub fs_name: Option<String>,
 }
@@ -193,21 +200,8 @@ pub struct Args {
     pub metrics_socket: Option<PathBuf>,
 
     // ---- Ceph ----
-    /// ceph.conf to read (default: libcephfs's search path, e.g. /etc/ceph/ceph.conf).
-    #[arg(long, value_name = "FILE")]
-    pub ceph_conf: Option<PathBuf>,
-
-    /// Ceph client id, without the "client." prefix (default: admin).
-    #[arg(long, value_name = "ID")]
-    pub client_id: Option<String>,
-
-    /// Keyring file holding the client's key (default: from ceph.conf).
-    #[arg(long, value_name = "FILE")]
-    pub keyring: Option<PathBuf>,
-
-    /// CephFS file system name (default: the cluster's default file system).
-    #[arg(long, value_name = "NAME")]
-    pub fs_name: Option<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
 
     /// Absolute path inside CephFS exported as the guest's root (default: /).
     #[arg(long, value_name = "PATH")]

@@ -860,10 +860,10 @@ pub fn main_command(argv: impl IntoIterator<Item = std::ffi::OsString>) -> std::
     use clap::Parser;
     let a = crate::args::QuarantineArgs::parse_from(argv);
     let access = CephAccess {
-        conf: a.ceph_conf,
-        client_id: a.client_id,
-        keyring: a.keyring,
-        fs_name: a.fs_name,
+        conf: a.cluster.ceph_conf,
+        client_id: a.cluster.client_id,
+        keyring: a.cluster.keyring,
+        fs_name: a.cluster.fs_name,
         options: Vec::new(),
         mount_timeout: Duration::from_secs(30),
     };
