@@ -204,3 +204,55 @@ fn guest_multiqueue_on_linux_6_12() {
         assert!(kicks > 0, "request queue {q} was never used:\n{log}");
     }
 }
+
+/// SIGTERM while a guest is connected and holds open files: the daemon answers what is in
+/// flight, unmounts CephFS (its MDS session ends cleanly) and exits 0.
+#[test]
+fn sigterm_unmounts_cleanly_under_a_live_guest() {
+    let lab = Lab::get();
+    let name = format!("guest-sigterm-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let pid = daemon.pid();
+    // The guest keeps a file open and waits; the host stops the daemon meanwhile.
+    // (The holder runs in the background: once the daemon is gone, closing its file would wait
+    // for ever, see tests/faults.rs.)
+    let script = "#!/bin/sh\n\
+        ( exec 3>/mnt/held; echo data >&3; touch /mnt/ready; sleep 3600 ) &\n\
+        sleep 30\n";
+    let lab2 = Lab::get();
+    let work2 = work.clone();
+    let guest = std::thread::spawn(move || {
+        let mut d = daemon;
+        let run = run_guest(&lab2, &work2, &d, script, &[], 300);
+        let status = d.stop();
+        (run, status, d.log_text())
+    });
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let dir = walk(&m, &export);
+    let ready = CString::new("ready").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    while m
+        .lookup(&dir, &ready, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the guest never got ready"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let (_run, status, log) = guest.join().unwrap();
+    let status = status.expect("daemon status");
+    assert!(
+        status.success(),
+        "exit status after SIGTERM: {status}\n{log}"
+    );
+    assert!(log.contains("CephFS unmounted"), "no clean unmount:\n{log}");
+}
