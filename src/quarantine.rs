@@ -407,6 +407,7 @@ impl Gate {
 
     /// Log one denied operation (rate-limited).
     pub fn audit(&self, domain: u32, op: &'static str, uid: u32) {
+        crate::metrics::quarantine_denied();
         let suppressed = {
             let mut a = self.audit.lock().unwrap_or_else(|e| e.into_inner());
             let now = Instant::now();

@@ -238,7 +238,12 @@ fn quarantine_end_to_end() {
     let root = ctx(0);
     let user = ctx(1000);
     // Everything under sva, for root and non-root callers alike.
+    let denials_before = ceph_virtiofsd::metrics::global().quarantine_denials();
     assert_eq!(errno(a.fs.getattr(&root, a_sva, None)), libc::EACCES);
+    assert!(
+        ceph_virtiofsd::metrics::global().quarantine_denials() > denials_before,
+        "a denial is counted in the metrics"
+    );
     assert_eq!(errno(a.fs.getattr(&user, a_data, None)), libc::EACCES);
     assert_eq!(errno(a.fs.lookup(&root, a_grp, &c("sva"))), libc::EACCES);
     assert_eq!(errno(a.fs.lookup(&root, a_data, &c("f"))), libc::EACCES);

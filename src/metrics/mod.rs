@@ -77,10 +77,10 @@ pub fn global() -> &'static Metrics {
     &GLOBAL
 }
 
-/// Count one request the quarantine gate refused (EACCES under a quarantined subvolume).
-/// For the quarantine engineer: call this wherever a denial is decided.
+/// Count one request the quarantine gate refused (EACCES under a quarantined subvolume);
+/// called by the gate's audit, once per denied operation.
 pub fn quarantine_denied() {
-    GLOBAL.quarantine_denials.fetch_add(1, Ordering::Relaxed);
+    GLOBAL.record_quarantine_denial();
 }
 
 /// What the reply written to the guest says, read back after the server answered.
@@ -255,6 +255,11 @@ impl Metrics {
     /// Count a quarantine denial (see [`quarantine_denied`]).
     pub fn record_quarantine_denial(&self) {
         self.quarantine_denials.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Quarantine denials counted so far.
+    pub fn quarantine_denials(&self) -> u64 {
+        self.quarantine_denials.load(Ordering::Relaxed)
     }
 
     /// Write every metric family of this process: request counters, then `fs` gauges and the
