@@ -414,7 +414,10 @@ impl CephFs {
     }
 
     /// Decide and apply privilege removal for a write-like operation. Costs one cached getattr
-    /// and one cached getxattr when there is nothing to kill.
+    /// (flagged requests only: the mode matters only when the guest asks for the suid/sgid
+    /// kill) and one cached getxattr when there is nothing to kill; both are answered by
+    /// libcephfs under the caps it holds (As, Xs), which the MDS revokes before another client
+    /// changes the mode or the xattr, so they are never stale and cost no MDS request.
     fn kill_privs(
         &self,
         node: &Node,
@@ -425,14 +428,17 @@ impl CephFs {
         if !self.killpriv_on() || node.is_dir() {
             return Ok(());
         }
-        let st = self.mount.getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?;
-        let kill = killpriv::decide(
-            trigger,
-            u32::from(st.stx_mode),
-            false,
-            flagged,
-            self.has_caps(node, perm),
-        );
+        let mode = if flagged {
+            u32::from(
+                self.mount
+                    .getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?
+                    .stx_mode,
+            )
+        } else {
+            // Unflagged (a CAP_FSETID caller): the bits stay whatever they are.
+            0
+        };
+        let kill = killpriv::decide(trigger, mode, false, flagged, self.has_caps(node, perm));
         if kill.is_empty() {
             return Ok(());
         }
