@@ -753,26 +753,36 @@ impl FileSystem for CephFs {
         }
         // libcephfs (Pacific) ignores the *_NOW bits of ll_setattr: "now" is taken here.
         let now = now();
-        if valid.contains(SetattrValid::ATIME_NOW) {
+        let time = |now_bit, set_bit, tv_sec, tv_nsec| {
+            if valid.contains(now_bit) {
+                Some(now)
+            } else if valid.contains(set_bit) {
+                Some(ceph_client::Timespec { tv_sec, tv_nsec })
+            } else {
+                None
+            }
+        };
+        let atime = time(
+            SetattrValid::ATIME_NOW,
+            SetattrValid::ATIME,
+            attr.st_atime,
+            attr.st_atime_nsec,
+        );
+        if let Some(t) = atime {
             mask |= CEPH_SETATTR_ATIME;
-            st.stx_atime = now;
-        } else if valid.contains(SetattrValid::ATIME) {
-            mask |= CEPH_SETATTR_ATIME;
-            st.stx_atime = ceph_client::Timespec {
-                tv_sec: attr.st_atime,
-                tv_nsec: attr.st_atime_nsec,
-            };
+            st.stx_atime = t;
         }
-        if valid.contains(SetattrValid::MTIME_NOW) {
+        let mtime = time(
+            SetattrValid::MTIME_NOW,
+            SetattrValid::MTIME,
+            attr.st_mtime,
+            attr.st_mtime_nsec,
+        );
+        if let Some(t) = mtime {
             mask |= CEPH_SETATTR_MTIME;
-            st.stx_mtime = now;
-        } else if valid.contains(SetattrValid::MTIME) {
-            mask |= CEPH_SETATTR_MTIME;
-            st.stx_mtime = ceph_client::Timespec {
-                tv_sec: attr.st_mtime,
-                tv_nsec: attr.st_mtime_nsec,
-            };
+            st.stx_mtime = t;
         }
+        // CTIME has no "now" form.
         if valid.contains(SetattrValid::CTIME) {
             mask |= CEPH_SETATTR_CTIME;
             st.stx_ctime = ceph_client::Timespec {
