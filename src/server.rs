@@ -1,8 +1,9 @@
 //! A thin pre-dispatch in front of fuse-backend-rs's FUSE [`Server`].
 //!
-//! fuse-backend-rs 0.14 answers COPY_FILE_RANGE and SYNCFS with ENOSYS. We peek at the FUSE
-//! in-header, handle those two opcodes ourselves through [`ExtraOps`], and hand every other
-//! request to `Server::handle_message` unchanged.
+//! fuse-backend-rs 0.14 answers COPY_FILE_RANGE and SYNCFS with ENOSYS, and hands SETLKW to
+//! the non-blocking `setlk`. We peek at the FUSE in-header, handle those three opcodes
+//! ourselves (the first two through [`ExtraOps`]), and hand every other request to
+//! `Server::handle_message` unchanged.
 //!
 //! Nothing here knows about virtqueues: the caller builds the [`Reader`]/[`Writer`].
 
@@ -11,8 +12,8 @@ use std::mem::size_of;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, OutHeader, WriteOut};
-use fuse_backend_rs::api::filesystem::{Context, FileSystem};
+use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, LkIn, OutHeader, WriteOut};
+use fuse_backend_rs::api::filesystem::{Context, FileLock, FileSystem};
 use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
@@ -24,6 +25,9 @@ use crate::metrics::{self, ReplyHead};
 pub const FUSE_COPY_FILE_RANGE: u32 = 47;
 /// FUSE_SYNCFS (protocol 7.34).
 pub const FUSE_SYNCFS: u32 = 50;
+/// FUSE_SETLKW: fuse-backend-rs 0.14 dispatches it to `FileSystem::setlk`, so a blocking lock
+/// request would fail with EAGAIN instead of waiting; we dispatch it to `setlkw` ourselves.
+pub const FUSE_SETLKW: u32 = 33;
 
 /// `struct fuse_syncfs_in`.
 #[repr(C)]
@@ -157,6 +161,7 @@ where
         match header.opcode {
             FUSE_COPY_FILE_RANGE => self.copy_file_range(&header, peek, writer),
             FUSE_SYNCFS => self.syncfs(&header, peek, writer),
+            FUSE_SETLKW => self.setlkw(&header, peek, writer),
             _ => self
                 .server
                 .handle_message(reader, writer, None, None)
@@ -222,6 +227,29 @@ where
         let result = Self::read_in::<SyncfsIn, S>(header, &mut reader).and_then(|_| {
             let ctx = self.context(header)?;
             self.fs.syncfs(&ctx, header.nodeid)
+        });
+        match result {
+            Ok(()) => reply::<WriteOut, S>(header.unique, writer, None),
+            Err(e) => reply_error(header.unique, writer, &e),
+        }
+    }
+
+    fn setlkw<S: BitmapSlice>(
+        &self,
+        header: &InHeader,
+        mut reader: Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, ServerError> {
+        let result = Self::read_in::<LkIn, S>(header, &mut reader).and_then(|arg| {
+            let ctx = self.context(header)?;
+            let lock = FileLock {
+                start: arg.lk.start,
+                end: arg.lk.end,
+                lock_type: arg.lk.type_,
+                pid: arg.lk.pid,
+            };
+            self.fs
+                .setlkw(&ctx, header.nodeid, arg.fh, arg.owner, lock, arg.lk_flags)
         });
         match result {
             Ok(()) => reply::<WriteOut, S>(header.unique, writer, None),

@@ -7,9 +7,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{
-    AttrOut, CopyFileRangeIn, GetattrIn, InHeader, InitIn, OutHeader, WriteOut, ROOT_ID,
+    AttrOut, CopyFileRangeIn, FileLock as AbiFileLock, GetattrIn, InHeader, InitIn, LkIn,
+    OutHeader, WriteOut, ROOT_ID,
 };
-use fuse_backend_rs::api::filesystem::{Context, Entry};
+use fuse_backend_rs::api::filesystem::{Context, Entry, FileLock};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
 use virtio_queue::desc::split::Descriptor as SplitDescriptor;
 use virtio_queue::desc::RawDescriptor;
@@ -17,7 +18,10 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use super::*;
-use crate::server::{FUSE_COPY_FILE_RANGE, FUSE_SYNCFS};
+use crate::server::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+
+/// FUSE_SETLK (Linux `include/uapi/linux/fuse.h`).
+const FUSE_SETLK: u32 = 32;
 
 const FUSE_INIT: u32 = 26;
 const FUSE_GETATTR: u32 = 3;
@@ -56,6 +60,32 @@ impl FileSystem for TestFs {
         st.st_mode = libc::S_IFDIR | 0o755;
         st.st_nlink = 2;
         Ok((st, Duration::from_secs(1)))
+    }
+
+    // A lock that is always taken: SETLK fails at once, SETLKW waits (here: is granted).
+    fn setlk(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        _handle: u64,
+        _owner: u64,
+        _lock: FileLock,
+        _flags: u32,
+    ) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(libc::EAGAIN))
+    }
+
+    fn setlkw(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        _flags: u32,
+    ) -> io::Result<()> {
+        assert_eq!((handle, owner, lock.start, lock.end), (7, 9, 0, u64::MAX));
+        Ok(())
     }
 }
 
@@ -265,7 +295,7 @@ fn init_then_getattr_are_answered() {
         let attr_reply = driver.submit(&getattr, 256);
         kick(&backend, &vring, 1);
         // Waits for the workers: afterwards every popped request has been answered.
-        backend.close_and_drain();
+        assert!(backend.close_and_drain(std::time::Duration::from_secs(5)));
 
         assert_eq!(driver.used_idx(), 2, "threads={threads}");
         let mut by_head: Vec<(u32, u32)> = (0..2).map(|i| driver.used(i)).collect();
@@ -418,6 +448,36 @@ fn syncfs_error_is_replied_with_errno() {
     let out: OutHeader = driver.read(reply);
     assert_eq!((out.error, out.unique), (-libc::EROFS, 5));
     assert_eq!(out.len, u32::try_from(size_of::<OutHeader>()).unwrap_or(0));
+}
+
+#[test]
+fn setlkw_waits_instead_of_failing_like_setlk() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, _fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let lk = LkIn {
+        fh: 7,
+        owner: 9,
+        lk: AbiFileLock {
+            start: 0,
+            end: u64::MAX,
+            type_: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        lk_flags: 0,
+        padding: 0,
+    };
+    let blocking = driver.submit(&request(FUSE_SETLKW, 6, ROOT_ID, lk), 64);
+    let at_once = driver.submit(&request(FUSE_SETLK, 7, ROOT_ID, lk), 64);
+    kick(&backend, &vring, 1);
+    let out: OutHeader = driver.read(blocking);
+    assert_eq!((out.error, out.unique), (0, 6), "SETLKW reached setlkw");
+    let out: OutHeader = driver.read(at_once);
+    assert_eq!((out.error, out.unique), (-libc::EAGAIN, 7));
 }
 
 #[test]
