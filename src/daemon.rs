@@ -58,6 +58,8 @@ pub enum DaemonError {
     },
     #[error("--fd {0} was already taken by an earlier serve() in this process")]
     FdTaken(RawFd),
+    #[error("Requests were still blocked in the filesystem {0} s after the stop (a lock wait, or an MDS that does not answer): exiting without unmounting; the MDS ends the session after its timeout, or evict the client")]
+    RequestsStuck(u64),
     #[error("Cannot start the metrics endpoint")]
     Metrics(#[source] crate::metrics::endpoint::MetricsError),
     #[error("Cannot drop privileges")]
@@ -144,7 +146,7 @@ where
         Ok(Event::Finished(result)) => result,
         Err(mpsc::RecvError) => Err(DaemonError::ConnectionPanicked),
     };
-    backend.close_and_drain();
+    let drained = backend.close_and_drain(DRAIN_LIMIT);
     if let Some(m) = metrics {
         m.stop();
     }
@@ -158,8 +160,14 @@ where
         let _ = std::fs::remove_file(path);
     }
     drop(pid_lock);
+    if !drained {
+        return Err(DaemonError::RequestsStuck(DRAIN_LIMIT.as_secs()));
+    }
     result
 }
+
+/// How long a stop waits for requests in flight before giving up on them.
+const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn start_metrics(
     config: &Config,

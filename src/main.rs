@@ -88,10 +88,15 @@ fn run(config: &Config) -> Result<(), RunError> {
         let mapped = fs::idmap::IdMapFs::new(fs.clone(), config.idmap.clone());
         daemon::serve(config, Arc::new(mapped))
     };
-    // Idle worker threads may still hold the filesystem after a signal: unmount explicitly.
-    match fs.shutdown() {
-        Ok(()) => info!("CephFS unmounted"),
-        Err(e) => warn!(error = %e, "unmounting CephFS failed; the MDS will time the session out"),
+    // Idle worker threads may still hold the filesystem after a signal: unmount explicitly,
+    // unless a request is still blocked inside libcephfs (unmounting under it is not safe).
+    if !matches!(served, Err(daemon::DaemonError::RequestsStuck(_))) {
+        match fs.shutdown() {
+            Ok(()) => info!("CephFS unmounted"),
+            Err(e) => {
+                warn!(error = %e, "unmounting CephFS failed; the MDS will time the session out")
+            }
+        }
     }
     served.map_err(RunError::Serve)
 }

@@ -14,6 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
@@ -163,11 +164,21 @@ impl InFlight {
         InFlightGuard(self.clone())
     }
 
-    fn wait_idle(&self) {
+    /// Wait until nothing is in flight, at most `limit`; false if requests are still running.
+    fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
         let mut g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
         while self.count.load(Ordering::Acquire) > 0 {
-            g = self.idle.wait(g).unwrap_or_else(PoisonError::into_inner);
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            g = self
+                .idle
+                .wait_timeout(g, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
         }
+        true
     }
 }
 
@@ -264,11 +275,13 @@ where
         self.inner.event_idx.store(false, Ordering::Release);
     }
 
-    /// Stop dispatching new requests and wait until every request in flight has been answered.
-    /// After this returns no FUSE call is running and none will start.
-    pub fn close_and_drain(&self) {
+    /// Stop dispatching new requests and wait, at most `limit`, until every request in flight
+    /// has been answered. True: no FUSE call is running and none will start. False: some call
+    /// is still blocked (a SETLKW waiting for another client's lock, a libcephfs call waiting
+    /// for an MDS that does not answer), and the filesystem must not be torn down under it.
+    pub fn close_and_drain(&self, limit: Duration) -> bool {
         self.inner.closed.store(true, Ordering::Release);
-        self.inner.in_flight.wait_idle();
+        self.inner.in_flight.wait_idle(limit)
     }
 
     /// Pop every available chain of `vring` and dispatch it.

@@ -224,3 +224,73 @@ fn daemon_killed_mid_workload_keeps_acknowledged_data() {
         );
     }
 }
+
+/// A guest request that cannot finish (a lock wait on a lock another client holds) must not
+/// keep the daemon from stopping: after a bounded drain it exits with the runtime error code,
+/// without unmounting under the blocked call.
+#[test]
+fn stop_with_a_request_blocked_in_a_lock_wait_does_not_hang() {
+    let lab = Lab::get();
+    let name = format!("fault-lockwait-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    // Another client holds a write lock on the whole file.
+    let m = lab.ceph();
+    let d = dir(&m, &export);
+    let perm = UserPerm::root();
+    let lk = CString::new("lk").unwrap();
+    let (_, _, held) = m
+        .create(
+            &d,
+            &lk,
+            0o666,
+            libc::O_RDWR | libc::O_CREAT,
+            CEPH_STATX_BASIC_STATS,
+            0,
+            &perm,
+        )
+        .unwrap();
+    let whole = libc::flock {
+        l_type: libc::F_WRLCK as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    held.setlk(&whole, 1, false).unwrap();
+
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let pid = daemon.pid();
+    let script = "#!/bin/sh\n\
+        /opt/bin/fs-suite --lock-wait /mnt/lk &\n\
+        sleep 1\n\
+        touch /mnt/waiting\n\
+        sleep 30\n";
+    let lab2 = Lab::get();
+    let work2 = work.clone();
+    let guest = std::thread::spawn(move || {
+        let mut d = daemon;
+        let adds = [(lab2.guest_bin.join("fs-suite"), "/opt/bin/fs-suite")];
+        let run = run_guest(&lab2, &work2, &d, script, &adds, 300);
+        let status = d.stop();
+        (run, status, d.log_text())
+    });
+    wait_exists(&m, &d, "waiting", &guest);
+    std::thread::sleep(Duration::from_secs(1));
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    let (_run, status, log) = guest.join().unwrap();
+    let status = status.expect("daemon status");
+    // Exit code 1 (runtime failure): it stopped by itself, after the bounded drain, and did
+    // not unmount under the blocked call.
+    assert_eq!(status.code(), Some(1), "daemon exit: {status}\n{log}");
+    assert!(log.contains("still blocked"), "{log}");
+    assert!(!log.contains("CephFS unmounted"), "{log}");
+    let unlock = libc::flock {
+        l_type: libc::F_UNLCK as i16,
+        ..whole
+    };
+    held.setlk(&unlock, 1, false).unwrap();
+}

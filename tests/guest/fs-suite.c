@@ -13,6 +13,7 @@
  *       the setup creates root-owned files first).
  *   fs-suite --write-pattern FILE SEED SIZE
  *   fs-suite --check-pattern FILE SEED SIZE
+ *   fs-suite --lock-wait FILE   (F_SETLKW a whole-file write lock, then release it)
  *       Write / verify the deterministic pattern (SIZE accepts K, M, G
  *       suffixes), so data written by one Ceph client can be verified
  *       through another. Byte i of the pattern is byte (i % 8), little
@@ -2140,12 +2141,33 @@ static int pattern_mode(int check, const char *file, const char *seed_s, const c
 	return 0;
 }
 
+/* Take a whole-file write lock, waiting for it (F_SETLKW), then release it: for tests that
+ * need a guest request blocked on a lock another client holds. */
+static int lock_wait_mode(const char *file)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	int fd = open(file, O_RDWR);
+
+	if (fd < 0) {
+		printf("not ok lock-wait %s: open: %s\n", file, strerror(errno));
+		return 1;
+	}
+	if (fcntl(fd, F_SETLKW, &fl) < 0) {
+		printf("not ok lock-wait %s: F_SETLKW: %s\n", file, strerror(errno));
+		return 1;
+	}
+	printf("ok lock-wait %s: got the lock\n", file);
+	close(fd);
+	return 0;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: fs-suite [--only SUBSTR] [--timeout SECS] [--keep] DIR\n"
 			"       fs-suite --as-user UID [--only SUBSTR] DIR\n"
 			"       fs-suite --write-pattern FILE SEED SIZE\n"
-			"       fs-suite --check-pattern FILE SEED SIZE\n");
+			"       fs-suite --check-pattern FILE SEED SIZE\n"
+			"       fs-suite --lock-wait FILE\n");
 }
 
 int main(int argc, char **argv)
@@ -2162,6 +2184,12 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			return pattern_mode(argv[i][2] == 'c', argv[i + 1], argv[i + 2], argv[i + 3]);
+		} else if (strcmp(argv[i], "--lock-wait") == 0) {
+			if (argc - i != 2) {
+				usage();
+				return 2;
+			}
+			return lock_wait_mode(argv[i + 1]);
 		} else if (strcmp(argv[i], "--as-user") == 0 && i + 1 < argc) {
 			char *end;
 			unsigned long u = strtoul(argv[++i], &end, 10);
