@@ -130,11 +130,14 @@ fn mkdirs(lab: &Lab, path: &str) {
         let name = c(part);
         cur = match m.lookup(&cur, &name, 0, 0, &perm) {
             Ok((i, _)) => i,
-            Err(_) => {
-                m.mkdir(&cur, &name, 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
-                    .unwrap()
-                    .0
-            }
+            Err(_) => match m.mkdir(&cur, &name, 0o777, CEPH_STATX_BASIC_STATS, 0, &perm) {
+                Ok((i, _)) => i,
+                // Tests run in parallel: another one may have made it since the lookup.
+                Err(e) if e.errno() == libc::EEXIST => {
+                    m.lookup(&cur, &name, 0, 0, &perm).unwrap().0
+                }
+                Err(e) => panic!("mkdir {part} of {path}: {e}"),
+            },
         };
     }
 }
