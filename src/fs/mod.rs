@@ -18,7 +18,7 @@ pub mod nodes;
 pub mod perms;
 pub mod policy;
 
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -64,7 +64,7 @@ type Node = nodes::Node<Inode>;
 /// What an open handle stands for.
 #[derive(Debug)]
 pub enum Handle {
-    File(OpenFile),
+    File(Arc<OpenFile>),
     Dir(Mutex<DirStream>),
 }
 
@@ -154,10 +154,6 @@ pub struct CephFs {
 
 fn errno(e: i32) -> io::Error {
     io::Error::from_raw_os_error(e)
-}
-
-fn ebadf() -> io::Error {
-    errno(libc::EBADF)
 }
 
 /// An offset the guest sent, as libcephfs's signed offset.
@@ -356,19 +352,13 @@ impl CephFs {
         }
     }
 
-    fn file(
-        &self,
-        node: u64,
-        fh: u64,
-        op: &'static str,
-        uid: u32,
-    ) -> io::Result<Arc<handles::Entry<Handle>>> {
+    fn file(&self, node: u64, fh: u64, op: &'static str, uid: u32) -> io::Result<Arc<OpenFile>> {
         let h = self.handles.get(node, fh).map_err(errno)?;
         match &h.handle {
             Handle::File(f) => {
                 // Handles opened before a quarantine are refused too.
                 self.gate(f.domain, op, uid)?;
-                Ok(h)
+                Ok(f.clone())
             }
             Handle::Dir(_) => Err(errno(libc::EISDIR)),
         }
@@ -1025,12 +1015,12 @@ impl FileSystem for CephFs {
         }
         let fh = self.handles.insert(
             inode,
-            Handle::File(OpenFile {
+            Handle::File(Arc::new(OpenFile {
                 file,
                 writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
                 locked: AtomicBool::new(false),
                 domain: node.domain,
-            }),
+            })),
         );
         Ok((Some(fh), self.open_options(&node, flags), None))
     }
@@ -1077,12 +1067,12 @@ impl FileSystem for CephFs {
         }
         let fh = self.handles.insert(
             entry.inode,
-            Handle::File(OpenFile {
+            Handle::File(Arc::new(OpenFile {
                 file,
                 writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
                 locked: AtomicBool::new(false),
                 domain: node.domain,
-            }),
+            })),
         );
         let opts = self.open_options(&node, args.flags);
         Ok((entry, Some(fh), opts, None))
@@ -1100,10 +1090,7 @@ impl FileSystem for CephFs {
         _flags: u32,
     ) -> io::Result<usize> {
         range(offset, u64::from(size))?;
-        let h = self.file(inode, handle, "read", ctx.uid)?;
-        let Handle::File(f) = &h.handle else {
-            return Err(ebadf());
-        };
+        let f = self.file(inode, handle, "read", ctx.uid)?;
         w.write_from(&mut CephIo(&f.file), size as usize, offset)
     }
 
@@ -1121,10 +1108,7 @@ impl FileSystem for CephFs {
         fuse_flags: u32,
     ) -> io::Result<usize> {
         range(offset, u64::from(size))?;
-        let h = self.file(inode, handle, "write", ctx.uid)?;
-        let Handle::File(f) = &h.handle else {
-            return Err(ebadf());
-        };
+        let f = self.file(inode, handle, "write", ctx.uid)?;
         if self.killpriv_on() {
             let node = self.node(inode)?;
             self.kill_privs(
@@ -1138,10 +1122,7 @@ impl FileSystem for CephFs {
     }
 
     fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
-        let h = self.file(inode, handle, "flush", ctx.uid)?;
-        let Handle::File(f) = &h.handle else {
-            return Err(ebadf());
-        };
+        let f = self.file(inode, handle, "flush", ctx.uid)?;
         // close() releases the POSIX locks of the closing owner, as the local kernel would.
         if f.locked.load(Ordering::Relaxed) {
             let unlock = whole_file_lock(libc::F_UNLCK);
@@ -1151,10 +1132,7 @@ impl FileSystem for CephFs {
     }
 
     fn fsync(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
-        let h = self.file(inode, handle, "fsync", ctx.uid)?;
-        let Handle::File(f) = &h.handle else {
-            return Err(ebadf());
-        };
+        let f = self.file(inode, handle, "fsync", ctx.uid)?;
         Ok(f.file.fsync(datasync)?)
     }
 
@@ -1168,10 +1146,7 @@ impl FileSystem for CephFs {
         length: u64,
     ) -> io::Result<()> {
         range(offset, length)?;
-        let h = self.file(inode, handle, "fallocate", ctx.uid)?;
-        let Handle::File(f) = &h.handle else {
-            return Err(ebadf());
-        };
+        let f = self.file(inode, handle, "fallocate", ctx.uid)?;
         let mode = i32::try_from(mode).map_err(|_| errno(libc::EOPNOTSUPP))?;
         Ok(f.file.fallocate(mode, offset, length)?)
     }
@@ -1388,10 +1363,7 @@ impl FileSystem for CephFs {
         whence: u32,
     ) -> io::Result<u64> {
         let off = to_off(offset)?;
-        let h = self.file(inode, handle, "lseek", ctx.uid)?;
-        let Handle::File(f) = &h.handle else {
-            return Err(ebadf());
-        };
+        let f = self.file(inode, handle, "lseek", ctx.uid)?;
         let whence = i32::try_from(whence).map_err(|_| errno(libc::EINVAL))?;
         Ok(f.file.lseek(off, whence)?)
     }
@@ -1405,10 +1377,7 @@ impl FileSystem for CephFs {
         lock: FileLock,
         _flags: u32,
     ) -> io::Result<FileLock> {
-        let h = self.file(inode, handle, "getlk", ctx.uid)?;
-        let Handle::File(f) = &h.handle else {
-            return Err(ebadf());
-        };
+        let f = self.file(inode, handle, "getlk", ctx.uid)?;
         let mut fl = to_flock(&lock)?;
         f.file.getlk(&mut fl, owner)?;
         Ok(from_flock(&fl))
@@ -1451,10 +1420,7 @@ impl CephFs {
         sleep: bool,
         uid: u32,
     ) -> io::Result<()> {
-        let h = self.file(inode, handle, "lock", uid)?;
-        let Handle::File(f) = &h.handle else {
-            return Err(ebadf());
-        };
+        let f = self.file(inode, handle, "lock", uid)?;
         if flags & LK_FLOCK != 0 {
             let mut op = match i32::try_from(lock.lock_type).unwrap_or(-1) {
                 libc::F_RDLCK => libc::LOCK_SH,
@@ -1487,11 +1453,8 @@ impl CephFs {
     ) -> io::Result<usize> {
         range(off_in, len)?;
         range(off_out, len)?;
-        let hi = self.file(ino_in, fh_in, "copy_file_range", ctx.uid)?;
-        let ho = self.file(ino_out, fh_out, "copy_file_range", ctx.uid)?;
-        let (Handle::File(fi), Handle::File(fo)) = (&hi.handle, &ho.handle) else {
-            return Err(ebadf());
-        };
+        let fi = self.file(ino_in, fh_in, "copy_file_range", ctx.uid)?;
+        let fo = self.file(ino_out, fh_out, "copy_file_range", ctx.uid)?;
         if self.killpriv_on() {
             let node = self.node(ino_out)?;
             self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
@@ -1594,12 +1557,6 @@ pub fn access_allowed(st: &Statx, uid: u32, gid: u32, mask: u32) -> bool {
         mode & 7
     };
     bits & mask == mask
-}
-
-/// Build an owned name for libcephfs calls from guest bytes (used by the quarantine and admin
-/// paths that construct names themselves).
-pub fn cname(b: &[u8]) -> io::Result<CString> {
-    CString::new(b).map_err(|_| errno(libc::EINVAL))
 }
 
 impl crate::server::ExtraOps for CephFs {

@@ -63,7 +63,7 @@ pub fn xattr_access(name: &[u8], allow_ceph_set: bool) -> XattrAccess {
     }
 }
 
-/// Remove hidden names from a listxattr buffer (NUL-separated names). Returns the new length.
+/// Remove hidden names from a listxattr buffer (NUL-separated names), in place.
 pub fn filter_xattr_list(buf: &mut Vec<u8>) {
     if !buf
         .windows(RESERVED_XATTR_PREFIX.len())
