@@ -997,11 +997,14 @@ impl FileSystem for CephFs {
             return Err(errno(libc::EISDIR));
         }
         let perm = self.perm(ctx);
+        // O_DIRECT goes through: libcephfs then writes to the OSDs before WRITE is answered
+        // and reads from them, as the guest's O_DIRECT user expects of a device.
         let keep = (libc::O_ACCMODE
             | libc::O_APPEND
             | libc::O_TRUNC
             | libc::O_SYNC
             | libc::O_DSYNC
+            | libc::O_DIRECT
             | libc::O_NOFOLLOW) as u32;
         let oflags = (flags & keep) as i32;
         let file = self.mount.open(&node.inode, oflags, &perm)?;
@@ -1041,7 +1044,8 @@ impl FileSystem for CephFs {
             | libc::O_APPEND
             | libc::O_TRUNC
             | libc::O_SYNC
-            | libc::O_DSYNC) as u32;
+            | libc::O_DSYNC
+            | libc::O_DIRECT) as u32;
         let oflags = (args.flags & keep) as i32 | libc::O_CREAT;
         let (inode, st, file) = self.mount.create(
             &parent.inode,
