@@ -280,7 +280,8 @@ fn o_direct_writes_reach_the_osds_before_the_reply() {
     let fs = fs_for(&lab, &format!("direct-odirect-{}", std::process::id()));
     let root = ctx(0, 0);
     let (ino, created) = create(&fs, 1, &c("direct"), 0o644);
-    fs.release(&root, ino, 0, created, false, false, None).unwrap();
+    fs.release(&root, ino, 0, created, false, false, None)
+        .unwrap();
     let (fh, _, _) = fs
         .open(&root, ino, (libc::O_RDWR | libc::O_DIRECT) as u32, 0)
         .unwrap();
@@ -301,7 +302,9 @@ fn o_direct_writes_reach_the_osds_before_the_reply() {
         )
         .unwrap();
     assert_eq!(n, 4096);
-    let out = lab.scratch(&format!("odirect-{}", std::process::id())).join("obj");
+    let out = lab
+        .scratch(&format!("odirect-{}", std::process::id()))
+        .join("obj");
     let object = format!("{ino:x}.00000000");
     let st = std::process::Command::new("rados")
         .arg("-c")
@@ -310,7 +313,10 @@ fn o_direct_writes_reach_the_osds_before_the_reply() {
         .arg(&out)
         .status()
         .expect("run rados");
-    assert!(st.success(), "object {object} missing: the write was buffered");
+    assert!(
+        st.success(),
+        "object {object} missing: the write was buffered"
+    );
     assert_eq!(std::fs::read(&out).unwrap(), data);
     fs.release(&root, ino, 0, fh, false, false, None).unwrap();
 }
