@@ -150,13 +150,20 @@ pub struct Args {
     #[arg(long, value_name = "TAG")]
     pub tag: Option<String>,
 
-    /// Worker threads serving FUSE requests; 0 = serve each request inline in its queue thread.
+    /// Most worker threads serving FUSE requests at once; they are started when requests wait
+    /// and leave after 10 s idle. 0 = serve each request inline in its queue thread. Default: 64.
     #[arg(long, value_name = "N")]
     pub thread_pool_size: Option<usize>,
 
     /// Number of request queues offered to the guest (a hiprio queue is always added).
     #[arg(long, value_name = "N")]
     pub queues: Option<u16>,
+
+    /// After serving a request queue, keep polling it for up to US microseconds before sleeping:
+    /// a guest's next request is then taken without a kick or a wake-up, at the price of CPU
+    /// time while the guest is busy. 0 = sleep at once. Default: 50.
+    #[arg(long, value_name = "US")]
+    pub poll_us: Option<u64>,
 
     /// Keep listening after the frontend disconnects, for a reconnecting frontend, instead of
     /// exiting.

@@ -19,8 +19,13 @@ use crate::sandbox::{SandboxConfig, SandboxError};
 pub const MAX_TAG_LEN: usize = 36;
 /// Most request queues we offer (one vhost-user worker thread per queue, 64-bit queue masks).
 pub const MAX_REQUEST_QUEUES: u16 = 63;
-/// Default number of FUSE worker threads.
-pub const DEFAULT_THREAD_POOL_SIZE: usize = 4;
+/// Default maximum of FUSE worker threads (started on demand, gone when idle), as QEMU's
+/// thread pool for blocking I/O.
+pub const DEFAULT_THREAD_POOL_SIZE: usize = 64;
+/// Default request-queue polling window, in microseconds (`--poll-us`).
+pub const DEFAULT_POLL_US: u64 = 50;
+/// Longest polling window we accept: beyond a millisecond polling only burns CPU.
+pub const MAX_POLL_US: u64 = 1000;
 /// Default connect/mount timeout.
 pub const DEFAULT_MOUNT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -96,6 +101,8 @@ pub struct Config {
     pub thread_pool_size: usize,
     /// Request queues (the hiprio queue comes on top).
     pub queues: u16,
+    /// How long a request queue thread polls for more requests before sleeping (0 = never).
+    pub poll_us: u64,
     pub keep_serving: bool,
     pub cache: CacheMode,
     pub xattr: bool,
@@ -148,6 +155,8 @@ pub enum ConfigError {
     BadTag(String),
     #[error("--queues {0} is out of range: use 1 to 63")]
     BadQueues(u16),
+    #[error("--poll-us {0} is out of range: use 0 (no polling) to 1000")]
+    BadPoll(u64),
     #[error("Ceph root {0:?} must be an absolute CephFS path such as / or /volumes/vm1")]
     BadCephRoot(String),
     #[error("Ceph option {0:?} must be KEY=VALUE with a non-empty KEY")]
@@ -269,6 +278,7 @@ pub struct FileVhostUser {
     pub tag: Option<String>,
     pub thread_pool_size: Option<usize>,
     pub queues: Option<u16>,
+    pub poll_us: Option<u64>,
     pub keep_serving: Option<bool>,
 }
 
@@ -527,6 +537,14 @@ impl Config {
             return Err(ConfigError::BadQueues(queues));
         }
 
+        let poll_us = args
+            .poll_us
+            .or(file.vhost_user.poll_us)
+            .unwrap_or(DEFAULT_POLL_US);
+        if poll_us > MAX_POLL_US {
+            return Err(ConfigError::BadPoll(poll_us));
+        }
+
         let thread_pool_size = args
             .thread_pool_size
             .or(legacy.thread_pool_size)
@@ -625,6 +643,7 @@ impl Config {
             tag,
             thread_pool_size,
             queues,
+            poll_us,
             keep_serving: args.keep_serving || file.vhost_user.keep_serving.unwrap_or(false),
             cache,
             xattr,
@@ -665,6 +684,7 @@ mod tests {
         assert_eq!(c.listen, Listen::SocketPath("/tmp/s".into()));
         assert_eq!(c.queues, 1);
         assert_eq!(c.thread_pool_size, DEFAULT_THREAD_POOL_SIZE);
+        assert_eq!(c.poll_us, DEFAULT_POLL_US);
         assert_eq!(c.cache, CacheMode::Auto);
         assert!(c.xattr);
         assert_eq!(c.ceph.root, "/");
@@ -691,6 +711,10 @@ mod tests {
         assert!(matches!(
             parse(&["--fd", "3", "--queues", "0"]),
             Err(ConfigError::BadQueues(0))
+        ));
+        assert!(matches!(
+            parse(&["--fd", "3", "--poll-us", "1001"]),
+            Err(ConfigError::BadPoll(1001))
         ));
         assert!(matches!(
             parse(&["--fd", "3", "--ceph-root", "volumes"]),
@@ -737,6 +761,7 @@ mod tests {
             socket-path = "/run/file.sock"
             thread-pool-size = 8
             queues = 2
+            poll-us = 20
             [fuse]
             cache = "never"
             xattr = false
@@ -766,6 +791,7 @@ mod tests {
         assert!(c.xattr);
         assert_eq!(c.thread_pool_size, 8);
         assert_eq!(c.queues, 2);
+        assert_eq!(c.poll_us, 20);
         assert_eq!(c.ceph.root, "/from-file");
         assert_eq!(c.ceph.client_id.as_deref(), Some("file"));
         assert_eq!(

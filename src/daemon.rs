@@ -100,6 +100,7 @@ where
             tag: config.tag.clone(),
             request_queues: config.queues,
             thread_pool_size: config.thread_pool_size,
+            poll: std::time::Duration::from_micros(config.poll_us),
         },
     )
     .map_err(DaemonError::Backend)?;

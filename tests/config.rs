@@ -29,7 +29,7 @@ fn example_config_parses() {
         Listen::SocketPath("/run/ceph-virtiofsd/vm1.sock".into())
     );
     assert_eq!(c.tag.as_deref(), Some("cephfs"));
-    assert_eq!(c.thread_pool_size, 4);
+    assert_eq!(c.thread_pool_size, 64);
     assert_eq!(c.queues, 1);
     assert!(!c.keep_serving);
     assert_eq!(c.cache, CacheMode::Auto);

@@ -3,7 +3,7 @@
 
 use std::ffi::CStr;
 use std::mem::size_of;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fuse_backend_rs::abi::fuse_abi::{
@@ -260,6 +260,7 @@ fn backend(threads: usize, tag: Option<&str>) -> (VhostUserFsBackend<TestFs>, Ar
         tag: tag.map(str::to_owned),
         request_queues: 1,
         thread_pool_size: threads,
+        poll: Duration::ZERO,
     };
     let backend = VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
     (backend, fs)
@@ -498,6 +499,65 @@ fn event_idx_path_serves_all_requests() {
     assert_eq!(driver.used_idx(), 3);
 }
 
+/// A request the guest makes while the queue thread polls is served without a kick, and the
+/// guest is told not to kick meanwhile; notifications are back on once the thread goes to sleep.
+#[test]
+fn polling_serves_requests_made_without_a_kick() {
+    for event_idx in [false, true] {
+        let (gm, mem) = memory();
+        let mut driver = Driver::new(&gm);
+        let vring = driver.vring(&mem);
+        vring.set_queue_event_idx(event_idx);
+        let fs = Arc::new(TestFs::default());
+        let options = BackendOptions {
+            tag: None,
+            request_queues: 1,
+            thread_pool_size: 0,
+            poll: Duration::from_secs(3),
+        };
+        let backend = VhostUserFsBackend::new(fs, &options).unwrap_or_else(|e| panic!("{e}"));
+        backend.set_event_idx(event_idx);
+        backend
+            .update_memory(mem.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        driver.submit(&init_request(1), 256);
+        std::thread::scope(|s| {
+            let queue_thread = s.spawn(|| kick(&backend, &vring, 1));
+            wait_used(&driver, 1);
+            if !event_idx {
+                let flags: u16 = driver.read(driver.mq.used_addr().0);
+                assert_eq!(flags, 1, "VRING_USED_F_NO_NOTIFY while polling");
+            }
+            // No kick: only the polling thread can see this one.
+            driver.submit(&init_request(2), 256);
+            wait_used(&driver, 2);
+            queue_thread
+                .join()
+                .unwrap_or_else(|_| panic!("queue thread panicked"));
+        });
+        let flags: u16 = driver.read(driver.mq.used_addr().0);
+        assert_eq!(flags, 0, "notifications re-enabled (event_idx={event_idx})");
+        if event_idx {
+            // avail_event (after the used ring) asks for a kick on the next request.
+            let at = driver.mq.used_addr().0 + 4 + 8 * u64::from(QSIZE);
+            let avail_event: u16 = driver.read(at);
+            assert_eq!(avail_event, 2);
+        }
+    }
+}
+
+/// Wait (at most 10 s) until the device has used `n` chains.
+fn wait_used(driver: &Driver<'_>, n: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while driver.used_idx() < n {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "request {n} was not served"
+        );
+        std::thread::yield_now();
+    }
+}
+
 #[test]
 fn kick_before_memory_table_is_ignored() {
     let (gm, mem) = memory();
@@ -556,9 +616,84 @@ fn rejects_bad_queue_count() {
         tag: None,
         request_queues: 0,
         thread_pool_size: 0,
+        poll: Duration::ZERO,
     };
     assert!(matches!(
         VhostUserFsBackend::new(Arc::new(TestFs::default()), &options),
         Err(BackendError::BadQueues(0))
     ));
+}
+
+/// Blocking jobs get a worker each, up to the maximum: eight jobs that can only finish together
+/// all run at once, and the pool never starts more than its maximum.
+#[test]
+fn pool_grows_to_the_jobs_in_flight_and_no_further() {
+    let pool = super::WorkerPool::new(8, Duration::from_secs(30));
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for _ in 0..8 {
+        let (barrier, done) = (barrier.clone(), done_tx.clone());
+        pool.submit(Box::new(move || {
+            barrier.wait();
+            let _ = done.send(());
+        }));
+    }
+    for _ in 0..8 {
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("8 blocking jobs did not run side by side"));
+    }
+    assert!(pool.live() <= 8, "live workers: {}", pool.live());
+    // Past the maximum, jobs queue up instead of starting threads.
+    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+    for _ in 0..12 {
+        let (gate, done) = (gate.clone(), done_tx.clone());
+        pool.submit(Box::new(move || {
+            let (lock, cv) = &*gate;
+            let mut open = lock.lock().unwrap_or_else(|e| e.into_inner());
+            while !*open {
+                open = cv.wait(open).unwrap_or_else(|e| e.into_inner());
+            }
+            let _ = done.send(());
+        }));
+    }
+    assert_eq!(pool.live(), 8);
+    {
+        let (lock, cv) = &*gate;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
+    for _ in 0..12 {
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("queued jobs were not served"));
+    }
+}
+
+/// Idle workers leave after the idle timeout, and a job after that starts a new one.
+#[test]
+fn idle_workers_leave_and_come_back() {
+    let pool = super::WorkerPool::new(4, Duration::from_millis(50));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let job = |done: std::sync::mpsc::Sender<()>| -> super::Job {
+        Box::new(move || {
+            let _ = done.send(());
+        })
+    };
+    pool.submit(job(done_tx.clone()));
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("job not served"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while pool.live() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "idle worker did not leave"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    pool.submit(job(done_tx));
+    done_rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("job after the workers left was not served"));
 }
