@@ -558,6 +558,7 @@ fn with_open<T>(
     b: &mut dyn Backend,
     p: &Params,
     name: &str,
+    flags: i32,
     f: impl FnOnce(&mut dyn Backend, u64, u64) -> Result<T, WorkloadError>,
 ) -> Result<T, WorkloadError> {
     let mut held = Vec::new();
@@ -567,7 +568,7 @@ fn with_open<T>(
             p.user,
             Op::Open {
                 node,
-                flags: libc::O_RDWR as u32,
+                flags: flags as u32,
             },
         )
         .and_then(|r| fh_of(&r, "OPEN"))
@@ -583,7 +584,9 @@ fn randwrite(b: &mut dyn Backend, p: &Params, probe: Probe) -> Result<Sample, Wo
     let blocks = (p.randwrite_file_mib << 20) / 4096;
     let seed = p.seed;
     let (ops, depth, user) = (p.randwrite_ops, p.randwrite_depth, p.user);
-    with_open(b, p, "rw", |b, node, fh| {
+    // O_DIRECT, as `fio --direct=1` in a guest: every write goes to the OSDs before it is
+    // answered (the guest's open flags reach the daemon, and the floor opens the same way).
+    with_open(b, p, "rw", libc::O_RDWR | libc::O_DIRECT, |b, node, fh| {
         let make = move |i: usize| Op::Write {
             node,
             fh,
@@ -618,7 +621,7 @@ fn seq(
     let io = io.max(4096);
     let count = usize::try_from((p.seq_mib << 20) / u64::from(io)).unwrap_or(usize::MAX);
     let (depth, user) = (p.seq_depth, p.user);
-    let mut s = with_open(b, p, "seq", |b, node, fh| {
+    let mut s = with_open(b, p, "seq", libc::O_RDWR, |b, node, fh| {
         let make = move |i: usize| {
             let offset = i as u64 * u64::from(io);
             if write {
