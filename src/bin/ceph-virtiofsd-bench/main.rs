@@ -160,8 +160,10 @@ fn run_one(
                 t.name,
                 fuse::flag_names(i.flags)
             );
+            println!("# {}: {}", t.name, s.notify_note());
         }
         let out = run_workloads(cfg, t, round, &mut s);
+        println!("# {}: round {round} virtqueue: {}", t.name, s.counters());
         s.close();
         out
     })();
@@ -296,6 +298,11 @@ fn run(cfg: &Config) -> Result<bool, RunError> {
             (
                 "request_queues".to_string(),
                 cfg.session.request_queues.to_string(),
+            ),
+            ("event_idx".to_string(), cfg.session.event_idx.to_string()),
+            (
+                "halt_poll_us".to_string(),
+                cfg.session.halt_poll.as_micros().to_string(),
             ),
         ];
         std::fs::write(path, stats::json(&rows, &rounds, &meta))

@@ -1,6 +1,11 @@
 //! The guest's part of a virtio-fs device: connects to a daemon's vhost-user socket as the
 //! frontend, shares memfd-backed guest memory, lays out the hiprio queue and K request queues,
 //! negotiates FUSE_INIT and serves `Backend` calls as FUSE requests on those queues.
+//!
+//! Notifications: VIRTIO_RING_F_EVENT_IDX is negotiated when the daemon offers it (as a Linux
+//! guest does) unless `SessionOpts::event_idx` is off. Waits halt-poll for
+//! `SessionOpts::halt_poll` when one request is outstanding at a time (`call`, and `pipeline`
+//! with depth 1); deeper pipelines block at once (see `pipeline`).
 
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -14,13 +19,17 @@ use vhost::vhost_user::{
     Frontend, VhostUserFrontend, VhostUserProtocolFeatures, VhostUserVirtioFeatures,
 };
 use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use vm_memory::{Address, Bytes, FileOffset, GuestAddress, GuestMemory, GuestMemoryMmap};
 
 use crate::backend::{Backend, Batch, Ctx, Op, OpError, Reply};
 use crate::fuse::{self, InitInfo};
-use crate::virtq::{align, ring_bytes, Completion, QueueError, RingLayout, Slot, VirtQueue};
+use crate::virtq::{
+    align, ring_bytes, Completion, Counters, Notify, QueueError, RingLayout, Slot, VirtQueue,
+};
 
 const VIRTIO_F_VERSION_1: u64 = 1 << 32;
+const EVENT_IDX: u64 = 1 << VIRTIO_RING_F_EVENT_IDX;
 
 /// Errors while bringing the device up.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +68,19 @@ pub struct SessionOpts {
     /// Largest READ/WRITE payload to plan buffers for.
     pub max_io: u32,
     pub timeout: Duration,
+    /// Negotiate VIRTIO_RING_F_EVENT_IDX when the daemon offers it.
+    pub event_idx: bool,
+    /// Spin this long on the used ring before sleeping on the call eventfd (zero: never),
+    /// for waits on a single outstanding request.
+    pub halt_poll: Duration,
+}
+
+/// Whether the session uses VIRTIO_RING_F_EVENT_IDX, and why not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventIdx {
+    Negotiated,
+    NotOffered,
+    Disabled,
 }
 
 struct ReqQueue {
@@ -175,6 +197,8 @@ pub struct FuseSession {
     queues: Vec<ReqQueue>,
     pub init: InitInfo,
     max_io: u32,
+    event_idx: EventIdx,
+    halt_poll: Duration,
     _mem: Arc<GuestMemoryMmap>,
 }
 
@@ -215,8 +239,22 @@ impl FuseSession {
         if feats & pf == 0 {
             return Err(SetupError::MissingFeature("PROTOCOL_FEATURES", feats));
         }
-        fe.set_features(VIRTIO_F_VERSION_1 | pf)
+        let event_idx = match (o.event_idx, feats & EVENT_IDX != 0) {
+            (false, _) => EventIdx::Disabled,
+            (true, false) => EventIdx::NotOffered,
+            (true, true) => EventIdx::Negotiated,
+        };
+        let ring_feats = if event_idx == EventIdx::Negotiated {
+            EVENT_IDX
+        } else {
+            0
+        };
+        fe.set_features(VIRTIO_F_VERSION_1 | pf | ring_feats)
             .map_err(v("SET_FEATURES"))?;
+        let notify = Notify {
+            event_idx: event_idx == EventIdx::Negotiated,
+            halt_poll: o.halt_poll,
+        };
         let offered = fe
             .get_protocol_features()
             .map_err(v("GET_PROTOCOL_FEATURES"))?;
@@ -292,7 +330,7 @@ impl FuseSession {
         let mut vqs = Vec::new();
         for (i, sl) in std::iter::once(hi_slot_list).chain(q_slots).enumerate() {
             let rings = RingLayout::at(GuestAddress(rb * i as u64), o.queue_size);
-            let vq = VirtQueue::new(i, mem.clone(), o.queue_size, rings, sl, o.timeout)
+            let vq = VirtQueue::new(i, mem.clone(), o.queue_size, rings, sl, notify, o.timeout)
                 .map_err(|e| SetupError::Queue(i, e))?;
             vq.reset_rings()
                 .map_err(|e| SetupError::Queue(i, std::io::Error::other(e)))?;
@@ -348,6 +386,8 @@ impl FuseSession {
             queues,
             init: InitInfo::default(),
             max_io: o.max_io,
+            event_idx,
+            halt_poll: o.halt_poll,
             _mem: mem,
         };
         s.init = s.fuse_init().map_err(SetupError::Init)?;
@@ -402,6 +442,33 @@ impl FuseSession {
 
     pub fn request_queues(&self) -> usize {
         self.queues.len()
+    }
+
+    /// One line on how this session notifies and waits, for the run's notes.
+    pub fn notify_note(&self) -> String {
+        let ev = match self.event_idx {
+            EventIdx::Negotiated => "EVENT_IDX negotiated",
+            EventIdx::NotOffered => "EVENT_IDX not offered by the daemon",
+            EventIdx::Disabled => "EVENT_IDX off (--no-event-idx)",
+        };
+        let hp = if self.halt_poll.is_zero() {
+            "halt-poll off".to_string()
+        } else {
+            format!(
+                "halt-poll {} us on single-request waits (pipelines deeper than 1 do not spin)",
+                self.halt_poll.as_micros()
+            )
+        };
+        format!("virtqueue: {ev}, {hp}")
+    }
+
+    /// Notification and wait counters of all queues so far.
+    pub fn counters(&self) -> Counters {
+        let mut c = self.hiprio.counters();
+        for q in &self.queues {
+            c += q.vq.counters();
+        }
+        c
     }
 
     /// Ends the session: the daemon sees the socket close (vhost-user daemons then exit).
@@ -488,6 +555,16 @@ impl Backend for FuseSession {
         make: &(dyn Fn(usize) -> Op + Sync),
     ) -> Result<Batch, OpError> {
         let nq = self.queues.len().min(depth).max(1);
+        // Halt-poll only when one request is outstanding at a time. With more, the daemon is
+        // busy on this host's few cores and spinning waiters would take them from it.
+        let spin = if depth > 1 {
+            Duration::ZERO
+        } else {
+            self.halt_poll
+        };
+        for q in self.queues.iter_mut().take(nq) {
+            q.vq.set_halt_poll(spin);
+        }
         let next = AtomicUsize::new(0);
         let start = Instant::now();
         let results: Vec<Result<Batch, OpError>> = std::thread::scope(|sc| {
@@ -514,6 +591,9 @@ impl Backend for FuseSession {
                 })
                 .collect()
         });
+        for q in self.queues.iter_mut().take(nq) {
+            q.vq.set_halt_poll(self.halt_poll);
+        }
         let mut all = Batch {
             wall: start.elapsed(),
             ..Batch::default()
