@@ -488,7 +488,7 @@ where
     /// A guest that sends its next request within the window is served without a kick and
     /// without waking this thread from epoll: on a busy queue that saves two cross-CPU wake-ups
     /// per request (the guest's kick and our wake-up). Reads the avail index lock-free, so
-    /// workers returning chains are not held up.
+    /// workers returning chains are not held up, and yields the CPU between rounds of reads.
     fn poll_avail(&self, vring: &Vring, mem: &GuestMem, window: Duration) -> bool {
         let (ring, next) = {
             let state = vring.get_ref();
@@ -511,6 +511,9 @@ where
             if self.inner.closed.load(Ordering::Relaxed) || Instant::now() >= deadline {
                 return false;
             }
+            // Like KVM's halt polling, which stops when another task wants the CPU: on a small
+            // host the guest's vCPU (or a Ceph thread) may be waiting for this very core.
+            std::thread::yield_now();
         }
     }
 }
