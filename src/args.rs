@@ -159,9 +159,10 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub queues: Option<u16>,
 
-    /// After serving a request queue, keep polling it for up to US microseconds before sleeping:
-    /// a guest's next request is then taken without a kick or a wake-up, at the price of CPU
-    /// time while the guest is busy. 0 = sleep at once. Default: 50.
+    /// After serving a request queue, poll it for at most US microseconds before sleeping: a
+    /// guest's next request is then taken without a kick or a wake-up. The window adapts per
+    /// queue (it grows while requests follow each other closely and shrinks to nothing when
+    /// they do not), so an idle or slow guest costs no CPU. 0 = never poll. Default: 50.
     #[arg(long, value_name = "US")]
     pub poll_us: Option<u64>,
 

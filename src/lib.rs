@@ -4,6 +4,7 @@
 //! - `args` / `config`: command line and TOML file, validated into [`config::Config`].
 //! - `daemon`: process lifecycle (socket, pid lock, signals, reconnects).
 //! - `vhost_user`: virtqueues, features, worker pool; generic over the filesystem.
+//! - `poll`: the adaptive polling window of queue threads (and of the bench's guest side).
 //! - `server`: FUSE pre-dispatch in front of fuse-backend-rs's server.
 //! - the filesystem (CephFS) implements fuse-backend-rs's `FileSystem` plus [`server::ExtraOps`].
 
@@ -14,6 +15,7 @@ pub mod daemon;
 pub mod fs;
 pub mod logging;
 pub mod metrics;
+pub mod poll;
 pub mod quarantine;
 pub mod sandbox;
 pub mod server;

@@ -7,13 +7,14 @@
 //! burst spreads over the workers and a lone request pays no hand-off. A worker builds the
 //! FUSE `Reader`/`Writer` from the chain, calls the server, then returns the chain
 //! (`add_used`) and notifies the guest when EVENT_IDX says so. After a drain the queue thread
-//! polls the ring for `--poll-us` before it sleeps, with guest notifications off.
+//! polls the ring before it sleeps, with guest notifications off, for an adaptive window of
+//! at most `--poll-us` (`crate::poll`).
 //!
 //! This layer knows nothing of Ceph: it is generic over the filesystem.
 
 use std::io;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -37,6 +38,7 @@ use vmm_sys_util::event::{
 
 use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 use crate::metrics;
+use crate::poll::AdaptivePoll;
 use crate::server::{ExtraOps, FuseServer, ServerError};
 
 /// Guest memory as vhost-user-backend hands it to us.
@@ -61,8 +63,9 @@ pub struct BackendOptions {
     pub request_queues: u16,
     /// FUSE worker threads; 0 = serve in the queue thread.
     pub thread_pool_size: usize,
-    /// How long a request queue thread keeps polling the avail ring after serving, before it
-    /// re-enables guest notifications and sleeps; zero = sleep at once.
+    /// The most a request queue thread polls the avail ring after serving, before it
+    /// re-enables guest notifications and sleeps; the window adapts below it (`crate::poll`).
+    /// Zero = sleep at once.
     pub poll: Duration,
 }
 
@@ -88,118 +91,132 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 
 /// An elastic pool of FUSE worker threads fed through one MPMC channel.
 ///
-/// Workers are started on demand, up to `max`, when a job is queued and no idle worker is
-/// there to take it, and leave after `idle_timeout` without work (as QEMU's thread pool does).
-/// So a guest with 64 requests blocked on the OSDs (O_DIRECT writes, fsync) gets 64 of them in
-/// flight, while an idle or cache-served guest keeps few or no threads.
+/// Up to `core` workers are started as soon as a job finds no idle worker. Past that, up to
+/// `max`, a worker is added only when jobs are stuck behind busy workers: a job was taken after
+/// waiting longer than `stall`, or a new job arrives while nothing has been taken for that
+/// long. So requests that block on the OSDs or the MDS (O_DIRECT writes, fsync, a cold lookup)
+/// get as many threads as the guest has them in flight, while requests libcephfs serves from
+/// its cache stay on a few threads instead of a crowd contending for its client lock. A
+/// request that may wait for another request (SETLKW) always gets a worker of its own. Workers
+/// leave after `idle_timeout` without work, as in QEMU's thread pool.
 struct WorkerPool {
+    shared: Arc<PoolShared>,
+}
+
+struct PoolShared {
     sender: crossbeam_channel::Sender<Msg>,
     receiver: crossbeam_channel::Receiver<Msg>,
-    shared: Arc<PoolCounts>,
-    max: usize,
-    idle_timeout: Duration,
+    limits: PoolLimits,
+    /// Jobs sent and not yet taken.
+    queued: AtomicUsize,
+    /// Workers waiting for a job.
+    idle: AtomicUsize,
+    /// Workers started and not yet gone.
+    live: AtomicUsize,
+    /// When a worker last took a job (or the queue last became non-empty), in ns from `epoch`.
+    last_take: AtomicU64,
+    epoch: Instant,
+    /// Set under the `threads` lock, so no worker starts after shutdown collected them.
+    stopped: AtomicBool,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
 
-/// What the submitter and the workers agree on. `queued` counts jobs sent and not yet taken,
-/// `idle` workers waiting for one, `live` workers started and not yet gone.
-#[derive(Debug, Default)]
-struct PoolCounts {
-    queued: AtomicUsize,
-    idle: AtomicUsize,
-    live: AtomicUsize,
-    stopped: AtomicBool,
+/// Sizes and timings of a [`WorkerPool`].
+#[derive(Debug, Clone, Copy)]
+struct PoolLimits {
+    core: usize,
+    max: usize,
+    stall: Duration,
+    idle_timeout: Duration,
+}
+
+impl PoolLimits {
+    /// `--thread-pool-size N`: at most N workers, of which twice the CPU count (at least 4)
+    /// start without waiting.
+    fn for_max(max: usize) -> Self {
+        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
+        PoolLimits {
+            core: (2 * cpus).max(4).min(max),
+            max,
+            stall: WORKER_STALL,
+            idle_timeout: WORKER_IDLE_TIMEOUT,
+        }
+    }
 }
 
 enum Msg {
-    Run(Job),
+    Run(Job, Instant),
     Stop,
 }
 
 /// How long an idle worker waits for a job before it leaves.
 const WORKER_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A job that waited this long for a worker means the workers are blocked, not busy.
+const WORKER_STALL: Duration = Duration::from_millis(1);
 
 impl WorkerPool {
-    fn new(max: usize, idle_timeout: Duration) -> Self {
+    fn new(limits: PoolLimits) -> Self {
         let (sender, receiver) = crossbeam_channel::unbounded::<Msg>();
         WorkerPool {
-            sender,
-            receiver,
-            shared: Arc::new(PoolCounts::default()),
-            max,
-            idle_timeout,
-            threads: Mutex::new(Vec::new()),
+            shared: Arc::new(PoolShared {
+                sender,
+                receiver,
+                limits,
+                queued: AtomicUsize::new(0),
+                idle: AtomicUsize::new(0),
+                live: AtomicUsize::new(0),
+                last_take: AtomicU64::new(0),
+                epoch: Instant::now(),
+                stopped: AtomicBool::new(false),
+                threads: Mutex::new(Vec::new()),
+            }),
         }
     }
 
-    /// Queue a job, starting a worker for it if none is idle; if the pool is shut down or no
-    /// worker can be started, run it here instead (never lose a chain).
-    fn submit(&self, job: Job) {
+    /// Queue a job; `waits_for_others` marks one that may block until another request runs
+    /// (SETLKW). If the pool is shut down, run it here instead (never lose a chain).
+    fn submit(&self, job: Job, waits_for_others: bool) {
         let c = &self.shared;
         if c.stopped.load(Ordering::SeqCst) {
             job();
             return;
         }
-        let queued = c.queued.fetch_add(1, Ordering::SeqCst) + 1;
-        if let Err(crossbeam_channel::SendError(msg)) = self.sender.send(Msg::Run(job)) {
+        let now = Instant::now();
+        let before = c.queued.fetch_add(1, Ordering::SeqCst);
+        if before == 0 {
+            c.last_take.store(c.nanos(now), Ordering::SeqCst);
+        }
+        if let Err(crossbeam_channel::SendError(msg)) = c.sender.send(Msg::Run(job, now)) {
             c.queued.fetch_sub(1, Ordering::SeqCst);
-            if let Msg::Run(job) = msg {
+            if let Msg::Run(job, _) = msg {
                 job();
             }
             return;
         }
-        if queued > c.idle.load(Ordering::SeqCst) {
-            self.grow();
-        }
-    }
-
-    /// Start one more worker unless `max` are running. If the thread cannot be started, the
-    /// job waits for a running worker; with none running, the caller serves it itself.
-    fn grow(&self) {
-        let c = &self.shared;
-        let reserved = c
-            .live
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < self.max).then_some(n + 1)
-            })
-            .is_ok();
-        if !reserved {
+        if before < c.idle.load(Ordering::SeqCst) {
             return;
         }
-        let (receiver, shared, timeout) = (
-            self.receiver.clone(),
-            self.shared.clone(),
-            self.idle_timeout,
-        );
-        let spawned = std::thread::Builder::new()
-            .name("fuse-worker".into())
-            .spawn(move || worker_loop(&receiver, &shared, timeout));
-        match spawned {
-            Ok(handle) => {
-                let mut threads = self.threads.lock().unwrap_or_else(PoisonError::into_inner);
-                threads.retain(|t| !t.is_finished());
-                threads.push(handle);
-            }
-            Err(e) => {
-                c.live.fetch_sub(1, Ordering::SeqCst);
-                warn!(error = %e, "Cannot start a FUSE worker thread; the queued request waits for a running one");
-                if c.live.load(Ordering::SeqCst) == 0 {
-                    // Nobody would ever take the job: serve what is queued right here.
-                    while let Ok(Msg::Run(job)) = self.receiver.try_recv() {
-                        c.queued.fetch_sub(1, Ordering::SeqCst);
-                        job();
-                    }
-                }
-            }
-        }
+        let stalled = c
+            .nanos(now)
+            .saturating_sub(c.last_take.load(Ordering::SeqCst))
+            > c.stall_nanos();
+        let limit = if waits_for_others || stalled {
+            c.limits.max
+        } else {
+            c.limits.core
+        };
+        PoolShared::grow(c, limit);
     }
 
     fn shutdown(&self) {
-        self.shared.stopped.store(true, Ordering::SeqCst);
-        let threads =
-            std::mem::take(&mut *self.threads.lock().unwrap_or_else(PoisonError::into_inner));
+        let c = &self.shared;
+        let threads = {
+            let mut threads = c.threads.lock().unwrap_or_else(PoisonError::into_inner);
+            c.stopped.store(true, Ordering::SeqCst);
+            std::mem::take(&mut *threads)
+        };
         for _ in &threads {
-            let _ = self.sender.send(Msg::Stop);
+            let _ = c.sender.send(Msg::Stop);
         }
         for t in threads {
             if t.join().is_err() {
@@ -207,8 +224,8 @@ impl WorkerPool {
             }
         }
         // Jobs queued behind the stop messages still answer their guest requests.
-        while let Ok(msg) = self.receiver.try_recv() {
-            if let Msg::Run(job) = msg {
+        while let Ok(msg) = c.receiver.try_recv() {
+            if let Msg::Run(job, _) = msg {
                 job();
             }
         }
@@ -226,18 +243,73 @@ impl Drop for WorkerPool {
     }
 }
 
-fn worker_loop(
-    receiver: &crossbeam_channel::Receiver<Msg>,
-    c: &PoolCounts,
-    idle_timeout: Duration,
-) {
+impl PoolShared {
+    fn nanos(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn stall_nanos(&self) -> u64 {
+        u64::try_from(self.limits.stall.as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Start one more worker unless `limit` are running. If the thread cannot be started, the
+    /// job waits for a running worker; with none running, the caller serves the queue itself.
+    fn grow(this: &Arc<Self>, limit: usize) {
+        let reserved = this
+            .live
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok();
+        if !reserved {
+            return;
+        }
+        let mut threads = this.threads.lock().unwrap_or_else(PoisonError::into_inner);
+        if this.stopped.load(Ordering::SeqCst) {
+            this.live.fetch_sub(1, Ordering::SeqCst);
+            return;
+        }
+        let shared = this.clone();
+        let spawned = std::thread::Builder::new()
+            .name("fuse-worker".into())
+            .spawn(move || worker_loop(&shared));
+        match spawned {
+            Ok(handle) => {
+                threads.retain(|t| !t.is_finished());
+                threads.push(handle);
+            }
+            Err(e) => {
+                drop(threads);
+                this.live.fetch_sub(1, Ordering::SeqCst);
+                warn!(error = %e, "Cannot start a FUSE worker thread; the queued request waits for a running one");
+                if this.live.load(Ordering::SeqCst) == 0 {
+                    // Nobody would ever take the jobs: serve what is queued right here.
+                    while let Ok(Msg::Run(job, _)) = this.receiver.try_recv() {
+                        this.queued.fetch_sub(1, Ordering::SeqCst);
+                        job();
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn worker_loop(c: &Arc<PoolShared>) {
     loop {
         c.idle.fetch_add(1, Ordering::SeqCst);
-        let got = receiver.recv_timeout(idle_timeout);
+        let got = c.receiver.recv_timeout(c.limits.idle_timeout);
         c.idle.fetch_sub(1, Ordering::SeqCst);
         match got {
-            Ok(Msg::Run(job)) => {
-                c.queued.fetch_sub(1, Ordering::SeqCst);
+            Ok(Msg::Run(job, queued_at)) => {
+                let now = Instant::now();
+                c.last_take.store(c.nanos(now), Ordering::SeqCst);
+                let left = c.queued.fetch_sub(1, Ordering::SeqCst) - 1;
+                // This job waited behind blocked workers, and others still wait: add one.
+                if now.saturating_duration_since(queued_at) > c.limits.stall
+                    && left > c.idle.load(Ordering::SeqCst)
+                {
+                    PoolShared::grow(c, c.limits.max);
+                }
                 if catch_unwind(AssertUnwindSafe(job)).is_err() {
                     error!(
                         "A FUSE request handler panicked; the request is lost, serving the others"
@@ -315,7 +387,16 @@ struct Inner<F: FileSystem + Send + Sync> {
     pool: Option<WorkerPool>,
     config_space: Option<[u8; VIRTIO_FS_CONFIG_LEN]>,
     request_queues: u16,
-    poll: Duration,
+    /// Each queue's polling window and when its thread last went to sleep.
+    polls: Vec<Mutex<QueuePoll>>,
+}
+
+/// Polling state of one queue (only its own thread takes the lock).
+#[derive(Debug)]
+struct QueuePoll {
+    window: AdaptivePoll,
+    /// When the last spin that ended in a sleep started.
+    slept_at: Option<Instant>,
 }
 
 /// The virtio-fs vhost-user backend. Cheap to clone (shared state).
@@ -364,7 +445,7 @@ where
         }
         let pool = match options.thread_pool_size {
             0 => None,
-            n => Some(WorkerPool::new(n, WORKER_IDLE_TIMEOUT)),
+            n => Some(WorkerPool::new(PoolLimits::for_max(n))),
         };
         Ok(VhostUserFsBackend {
             inner: Arc::new(Inner {
@@ -376,7 +457,19 @@ where
                 pool,
                 config_space: options.tag.as_deref().map(|t| config_space(t, q)),
                 request_queues: q,
-                poll: options.poll,
+                polls: (0..=usize::from(q))
+                    .map(|i| {
+                        let max = if i == HIPRIO_QUEUE {
+                            Duration::ZERO
+                        } else {
+                            options.poll
+                        };
+                        Mutex::new(QueuePoll {
+                            window: AdaptivePoll::new(max),
+                            slept_at: None,
+                        })
+                    })
+                    .collect(),
             }),
         })
     }
@@ -427,10 +520,10 @@ where
             match &self.inner.pool {
                 Some(pool) if queue != HIPRIO_QUEUE => {
                     if let Some(prev) = last.take() {
-                        self.submit(pool, vring, prev, queue);
+                        self.submit(pool, vring, prev, queue, false);
                     }
                     if opcode(&pending.guard, &pending.chain) == Some(FUSE_SETLKW) {
-                        self.submit(pool, vring, pending, queue);
+                        self.submit(pool, vring, pending, queue, true);
                     } else {
                         last = Some(pending);
                     }
@@ -443,10 +536,10 @@ where
         }
     }
 
-    fn submit(&self, pool: &WorkerPool, vring: &Vring, p: Pending, queue: usize) {
+    fn submit(&self, pool: &WorkerPool, vring: &Vring, p: Pending, queue: usize, waits: bool) {
         let server = self.inner.server.clone();
         let vring = vring.clone();
-        pool.submit(Box::new(move || p.serve(&server, &vring, queue)));
+        pool.submit(Box::new(move || p.serve(&server, &vring, queue)), waits);
     }
 
     fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<()> {
@@ -466,20 +559,49 @@ where
         // Guest notifications stay off while we drain (NO_NOTIFY, or a stale avail_event
         // under EVENT_IDX) and while we poll; re-enabling them re-checks the ring, so a request
         // made just before is never left without a kick.
-        let poll = if queue == HIPRIO_QUEUE {
-            Duration::ZERO
-        } else {
-            self.inner.poll
+        let Some(state) = self.inner.polls.get(queue) else {
+            return Ok(());
         };
+        let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+        // The wait that just ended: it tells whether spinning would have caught this kick.
+        if let Some(at) = state.slept_at.take() {
+            state.window.slept(at.elapsed());
+        }
         loop {
             vring.disable_notification().map_err(queue_error)?;
             self.drain_queue(vring, &mem, queue);
-            if !poll.is_zero() && self.poll_avail(vring, &mem, poll) {
+            let spin_start = Instant::now();
+            let window = state.window.window();
+            if !window.is_zero() && self.poll_avail(vring, &mem, window) {
                 continue;
             }
             if !vring.enable_notification().map_err(queue_error)? {
+                state.slept_at = Some(spin_start);
                 return Ok(());
             }
+            // A request came just after the spin gave up: a slightly longer one would have
+            // caught it.
+            state.window.slept(spin_start.elapsed());
+        }
+    }
+
+    /// The current polling window of `queue`.
+    #[cfg(test)]
+    fn poll_window(&self, queue: usize) -> Duration {
+        self.inner.polls.get(queue).map_or(Duration::ZERO, |p| {
+            p.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .window
+                .window()
+        })
+    }
+
+    /// Start `queue`'s polling window at `window`, as after a run of short waits.
+    #[cfg(test)]
+    fn set_poll_window(&self, queue: usize, window: Duration) {
+        if let Some(p) = self.inner.polls.get(queue) {
+            let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
+            p.window = p.window.with_window(window);
         }
     }
 

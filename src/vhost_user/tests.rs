@@ -3,6 +3,7 @@
 
 use std::ffi::CStr;
 use std::mem::size_of;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -520,6 +521,8 @@ fn polling_serves_requests_made_without_a_kick() {
         backend
             .update_memory(mem.clone())
             .unwrap_or_else(|e| panic!("{e}"));
+        // As after a run of short waits (the window starts at zero and adapts).
+        backend.set_poll_window(1, Duration::from_secs(3));
         driver.submit(&init_request(1), 256);
         std::thread::scope(|s| {
             let queue_thread = s.spawn(|| kick(&backend, &vring, 1));
@@ -544,6 +547,35 @@ fn polling_serves_requests_made_without_a_kick() {
             assert_eq!(avail_event, 2);
         }
     }
+}
+
+/// The polling window starts at zero and grows when kicks follow each other closely; the
+/// hiprio queue never polls.
+#[test]
+fn polling_window_adapts_to_the_guest() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let fs = Arc::new(TestFs::default());
+    let options = BackendOptions {
+        tag: None,
+        request_queues: 1,
+        thread_pool_size: 0,
+        poll: Duration::from_secs(3),
+    };
+    let backend = VhostUserFsBackend::new(fs, &options).unwrap_or_else(|e| panic!("{e}"));
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(backend.poll_window(1), Duration::ZERO);
+    for unique in 1..=3 {
+        driver.submit(&init_request(unique), 256);
+        kick(&backend, &vring, 1);
+    }
+    // Two waits far shorter than the 3 s maximum, each longer than the window: 10 µs, 20 µs.
+    assert_eq!(backend.poll_window(1), crate::poll::GROW_START * 2);
+    assert_eq!(driver.used_idx(), 3);
+    assert_eq!(backend.poll_window(HIPRIO_QUEUE), Duration::ZERO);
 }
 
 /// Wait (at most 10 s) until the device has used `n` chains.
@@ -624,66 +656,123 @@ fn rejects_bad_queue_count() {
     ));
 }
 
-/// Blocking jobs get a worker each, up to the maximum: eight jobs that can only finish together
-/// all run at once, and the pool never starts more than its maximum.
+fn limits(core: usize, max: usize, stall_ms: u64, idle_ms: u64) -> super::PoolLimits {
+    super::PoolLimits {
+        core,
+        max,
+        stall: Duration::from_millis(stall_ms),
+        idle_timeout: Duration::from_millis(idle_ms),
+    }
+}
+
+type Done = std::sync::mpsc::Sender<()>;
+
+fn wait_done(rx: &std::sync::mpsc::Receiver<()>, n: usize, what: &str) {
+    for _ in 0..n {
+        rx.recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("{what}"));
+    }
+}
+
+/// Up to `core`, every job that finds no idle worker gets one: eight jobs that can only finish
+/// together all run at once.
 #[test]
-fn pool_grows_to_the_jobs_in_flight_and_no_further() {
-    let pool = super::WorkerPool::new(8, Duration::from_secs(30));
+fn pool_starts_core_workers_for_jobs_in_flight() {
+    let pool = super::WorkerPool::new(limits(8, 8, 1000, 30_000));
     let barrier = Arc::new(std::sync::Barrier::new(8));
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     for _ in 0..8 {
-        let (barrier, done) = (barrier.clone(), done_tx.clone());
-        pool.submit(Box::new(move || {
-            barrier.wait();
-            let _ = done.send(());
-        }));
+        let (barrier, done): (_, Done) = (barrier.clone(), done_tx.clone());
+        pool.submit(
+            Box::new(move || {
+                barrier.wait();
+                let _ = done.send(());
+            }),
+            false,
+        );
     }
-    for _ in 0..8 {
-        done_rx
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| panic!("8 blocking jobs did not run side by side"));
-    }
+    wait_done(&done_rx, 8, "8 blocking jobs did not run side by side");
     assert!(pool.live() <= 8, "live workers: {}", pool.live());
-    // Past the maximum, jobs queue up instead of starting threads.
-    let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-    for _ in 0..12 {
-        let (gate, done) = (gate.clone(), done_tx.clone());
-        pool.submit(Box::new(move || {
-            let (lock, cv) = &*gate;
-            let mut open = lock.lock().unwrap_or_else(|e| e.into_inner());
-            while !*open {
-                open = cv.wait(open).unwrap_or_else(|e| e.into_inner());
-            }
+}
+
+/// Past `core`, jobs stuck behind blocked workers make the pool grow up to `max` and no
+/// further; jobs that find their worker at once do not.
+#[test]
+fn pool_grows_past_core_only_when_jobs_wait() {
+    let pool = super::WorkerPool::new(limits(1, 4, 5, 30_000));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    // Quick jobs one after the other: one worker is enough.
+    for _ in 0..20 {
+        let done: Done = done_tx.clone();
+        pool.submit(
+            Box::new(move || {
+                let _ = done.send(());
+            }),
+            false,
+        );
+        wait_done(&done_rx, 1, "quick job not served");
+    }
+    assert_eq!(pool.live(), 1);
+    // Eight jobs that each block for 50 ms: the ones taken late add workers.
+    let peak = Arc::new(AtomicUsize::new(0));
+    let running = Arc::new(AtomicUsize::new(0));
+    for _ in 0..8 {
+        let (done, peak, running): (Done, _, _) = (done_tx.clone(), peak.clone(), running.clone());
+        pool.submit(
+            Box::new(move || {
+                let now = running.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+                peak.fetch_max(now, AtomicOrdering::SeqCst);
+                std::thread::sleep(Duration::from_millis(50));
+                running.fetch_sub(1, AtomicOrdering::SeqCst);
+                let _ = done.send(());
+            }),
+            false,
+        );
+    }
+    wait_done(&done_rx, 8, "blocking jobs not served");
+    assert!(
+        peak.load(AtomicOrdering::SeqCst) > 1,
+        "stuck jobs did not add workers"
+    );
+    assert!(pool.live() <= 4, "live workers: {}", pool.live());
+}
+
+/// A job that may wait for another request gets a worker of its own at once, past `core`.
+#[test]
+fn a_waiting_job_gets_its_own_worker() {
+    let pool = super::WorkerPool::new(limits(1, 4, 60_000, 30_000));
+    let (unlock_tx, unlock_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let done: Done = done_tx.clone();
+    // Blocks its worker until the next job runs, as a SETLKW waits for an unlock.
+    pool.submit(
+        Box::new(move || {
+            let _ = unlock_rx.recv_timeout(Duration::from_secs(30));
             let _ = done.send(());
-        }));
-    }
-    assert_eq!(pool.live(), 8);
-    {
-        let (lock, cv) = &*gate;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        cv.notify_all();
-    }
-    for _ in 0..12 {
-        done_rx
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap_or_else(|_| panic!("queued jobs were not served"));
-    }
+        }),
+        true,
+    );
+    pool.submit(
+        Box::new(move || {
+            let _ = unlock_tx.send(());
+        }),
+        true,
+    );
+    wait_done(&done_rx, 1, "the waiting job was never released");
 }
 
 /// Idle workers leave after the idle timeout, and a job after that starts a new one.
 #[test]
 fn idle_workers_leave_and_come_back() {
-    let pool = super::WorkerPool::new(4, Duration::from_millis(50));
+    let pool = super::WorkerPool::new(limits(4, 4, 1000, 50));
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let job = |done: std::sync::mpsc::Sender<()>| -> super::Job {
+    let job = |done: Done| -> super::Job {
         Box::new(move || {
             let _ = done.send(());
         })
     };
-    pool.submit(job(done_tx.clone()));
-    done_rx
-        .recv_timeout(Duration::from_secs(10))
-        .unwrap_or_else(|_| panic!("job not served"));
+    pool.submit(job(done_tx.clone()), false);
+    wait_done(&done_rx, 1, "job not served");
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while pool.live() > 0 {
         assert!(
@@ -692,8 +781,6 @@ fn idle_workers_leave_and_come_back() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
-    pool.submit(job(done_tx));
-    done_rx
-        .recv_timeout(Duration::from_secs(10))
-        .unwrap_or_else(|_| panic!("job after the workers left was not served"));
+    pool.submit(job(done_tx), false);
+    wait_done(&done_rx, 1, "job after the workers left was not served");
 }

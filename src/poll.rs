@@ -1,0 +1,108 @@
+//! Adaptive polling windows: how long a waiter spins before it sleeps.
+//!
+//! One rule, KVM's for a halting vCPU (`kvm_vcpu_halt`: grow/shrink of `halt_poll_ns`), used by
+//! the daemon's request-queue threads (`--poll-us`) and by the bench's guest side
+//! (`--halt-poll-us`). The window starts at zero. After a wait the window did not end:
+//! - a wait longer than the maximum halves the window (to zero under [`GROW_START`]): the
+//!   other side is slow (an OSD write, an idle guest), spinning would only burn a core;
+//! - a shorter wait the window did not cover doubles it (from [`GROW_START`], up to the
+//!   maximum): the other side answers within microseconds and a spin would have caught it.
+//!
+//! A wait the window ended (the spin saw the event) leaves it as it is.
+
+use std::time::Duration;
+
+/// Where a window starts growing from (KVM's `halt_poll_ns_grow_start`).
+pub const GROW_START: Duration = Duration::from_micros(10);
+
+/// The polling window of one waiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptivePoll {
+    max: Duration,
+    window: Duration,
+}
+
+impl AdaptivePoll {
+    /// A window that adapts below `max`; zero turns polling off.
+    pub fn new(max: Duration) -> Self {
+        AdaptivePoll {
+            max,
+            window: Duration::ZERO,
+        }
+    }
+
+    /// How long to spin before the next sleep.
+    pub fn window(&self) -> Duration {
+        self.window
+    }
+
+    /// The largest window.
+    pub fn max(&self) -> Duration {
+        self.max
+    }
+
+    /// Start from `window` (at most the maximum), as after a run of short waits.
+    pub fn with_window(mut self, window: Duration) -> Self {
+        self.window = window.min(self.max);
+        self
+    }
+
+    /// Account a wait the window did not end: `waited` runs from the start of the spin to the
+    /// event that ended the sleep.
+    pub fn slept(&mut self, waited: Duration) {
+        if self.max.is_zero() {
+            return;
+        }
+        if waited > self.max {
+            let half = self.window / 2;
+            self.window = if half < GROW_START {
+                Duration::ZERO
+            } else {
+                half
+            };
+        } else if waited > self.window && self.window < self.max {
+            self.window = (self.window * 2).max(GROW_START).min(self.max);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(n: u64) -> Duration {
+        Duration::from_micros(n)
+    }
+
+    #[test]
+    fn grows_on_short_waits_and_shrinks_on_long_ones() {
+        let mut p = AdaptivePoll::new(us(200));
+        assert_eq!(p.window(), Duration::ZERO, "starts without polling");
+        // Short waits the window did not cover: 10, 20, 40, 80, 160, then capped at 200.
+        for want in [10, 20, 40, 80, 160, 200, 200] {
+            p.slept(us(190));
+            assert_eq!(p.window(), us(want));
+        }
+        // A wait within the window changes nothing.
+        p.slept(us(5));
+        assert_eq!(p.window(), us(200));
+        // Waits longer than the maximum halve it, to zero under the start value.
+        for want in [100, 50, 25, 12, 0, 0] {
+            p.slept(us(5000));
+            assert_eq!(p.window().as_micros(), want);
+        }
+    }
+
+    #[test]
+    fn zero_maximum_never_polls() {
+        let mut p = AdaptivePoll::new(Duration::ZERO);
+        for w in [1, 5, 100, 10_000] {
+            p.slept(us(w));
+            assert_eq!(p.window(), Duration::ZERO);
+        }
+        assert_eq!(
+            AdaptivePoll::new(us(50)).with_window(us(80)).window(),
+            us(50)
+        );
+    }
+}
