@@ -63,11 +63,9 @@ pub struct Args {
     /// unless it set VIRTQ_USED_F_NO_NOTIFY.
     #[arg(long)]
     pub no_event_idx: bool,
-    /// Microseconds to spin on the used ring before sleeping on the call eventfd, like a vCPU
-    /// halt-polled by KVM (halt_poll_ns, 200 us on x86) or the guest's cpuidle-haltpoll; 0 = off.
-    /// Applies only while one request is outstanding at a time (the one-request workloads and
-    /// stat-storm-1): pipelined runs deeper than 1 (stat-storm-4/-32, randwrite4k, seq*)
-    /// never spin, so a spinning waiter cannot take a small host's cores from the daemon.
+    /// Most microseconds a wait spins on the used ring before sleeping on the call eventfd, like
+    /// a vCPU halt-polled by KVM (halt_poll_ns, 200 us on x86); 0 = off. The window adapts per
+    /// queue as KVM's: short waits grow it, waits longer than this shrink it.
     #[arg(long, default_value_t = 200, value_name = "N")]
     pub halt_poll_us: u64,
     /// uid/gid of the unprivileged guest user the workloads run as.

@@ -3,9 +3,8 @@
 //! negotiates FUSE_INIT and serves `Backend` calls as FUSE requests on those queues.
 //!
 //! Notifications: VIRTIO_RING_F_EVENT_IDX is negotiated when the daemon offers it (as a Linux
-//! guest does) unless `SessionOpts::event_idx` is off. Waits halt-poll for
-//! `SessionOpts::halt_poll` when one request is outstanding at a time (`call`, and `pipeline`
-//! with depth 1); deeper pipelines block at once (see `pipeline`).
+//! guest does) unless `SessionOpts::event_idx` is off. Waits halt-poll for at most
+//! `SessionOpts::halt_poll`, in a window that adapts per queue as KVM's does per vCPU.
 
 use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -455,7 +454,7 @@ impl FuseSession {
             "halt-poll off".to_string()
         } else {
             format!(
-                "halt-poll {} us on single-request waits (pipelines deeper than 1 do not spin)",
+                "adaptive halt-poll, at most {} us per idle wait (as KVM's halt_poll_ns)",
                 self.halt_poll.as_micros()
             )
         };
@@ -555,16 +554,6 @@ impl Backend for FuseSession {
         make: &(dyn Fn(usize) -> Op + Sync),
     ) -> Result<Batch, OpError> {
         let nq = self.queues.len().min(depth).max(1);
-        // Halt-poll only when one request is outstanding at a time. With more, the daemon is
-        // busy on this host's few cores and spinning waiters would take them from it.
-        let spin = if depth > 1 {
-            Duration::ZERO
-        } else {
-            self.halt_poll
-        };
-        for q in self.queues.iter_mut().take(nq) {
-            q.vq.set_halt_poll(spin);
-        }
         let next = AtomicUsize::new(0);
         let start = Instant::now();
         let results: Vec<Result<Batch, OpError>> = std::thread::scope(|sc| {
@@ -591,9 +580,6 @@ impl Backend for FuseSession {
                 })
                 .collect()
         });
-        for q in self.queues.iter_mut().take(nq) {
-            q.vq.set_halt_poll(self.halt_poll);
-        }
         let mut all = Batch {
             wall: start.elapsed(),
             ..Batch::default()

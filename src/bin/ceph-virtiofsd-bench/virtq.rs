@@ -18,6 +18,8 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ceph_virtiofsd::poll::AdaptivePoll;
+
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -102,7 +104,8 @@ pub enum QueueError {
 pub struct Notify {
     /// VIRTIO_RING_F_EVENT_IDX was negotiated: use `used_event`/`avail_event`, not flags.
     pub event_idx: bool,
-    /// How long `wait` spins on the used index before blocking on the call eventfd.
+    /// The most `wait` spins on the used index before blocking on the call eventfd (KVM's
+    /// halt_poll_ns); the window itself adapts below it (see `VirtQueue::adapt_poll`).
     pub halt_poll: Duration,
 }
 
@@ -164,6 +167,8 @@ pub struct VirtQueue {
     last_used: u16,
     pending_kick: bool,
     notify: Notify,
+    /// The halt-poll window, adapting below `notify.halt_poll` as KVM's does per vCPU.
+    poll: AdaptivePoll,
     counters: Counters,
     pub kick: EventFd,
     pub call: EventFd,
@@ -196,6 +201,7 @@ impl VirtQueue {
             last_used: 0,
             pending_kick: false,
             notify,
+            poll: AdaptivePoll::new(notify.halt_poll),
             counters: Counters::default(),
             kick,
             call,
@@ -222,11 +228,6 @@ impl VirtQueue {
     /// `avail_event`, written by the device: the u16 after the used ring's `ring[size]`.
     fn avail_event_addr(&self) -> GuestAddress {
         self.rings.used.unchecked_add(4 + 8 * u64::from(self.size))
-    }
-
-    /// Sets how long `wait` spins before blocking (zero: block at once).
-    pub fn set_halt_poll(&mut self, d: Duration) {
-        self.notify.halt_poll = d;
     }
 
     pub fn counters(&self) -> Counters {
@@ -458,11 +459,19 @@ impl VirtQueue {
         if self.arm_interrupt()? {
             return self.reap(out);
         }
-        let limit = self.notify.halt_poll;
-        if !limit.is_zero() && self.halt_poll(limit)? {
+        let started = Instant::now();
+        let window = self.poll.window();
+        if !window.is_zero() && self.halt_poll(window)? {
             self.counters.poll_hits += 1;
             return self.reap(out);
         }
+        let r = self.block(out);
+        self.poll.slept(started.elapsed());
+        r
+    }
+
+    /// Sleeps on the call eventfd until a completion is on the used ring.
+    fn block(&mut self, out: &mut Vec<Completion>) -> Result<(), QueueError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             // Non-blocking: EAGAIN just means there is no count to drain. A completion the
@@ -970,6 +979,8 @@ mod tests {
             },
             Duration::from_millis(300),
         );
+        // As after a run of short waits: the window has grown to the maximum.
+        q.poll = q.poll.with_window(Duration::from_secs(3));
         q.push(0, 40, 100).expect("push");
         q.flush().expect("flush");
         let mem = q.mem.clone();
