@@ -19,6 +19,7 @@ use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use fuse_backend_rs::abi::fuse_abi::Opcode;
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use tracing::{debug, error, warn};
@@ -39,7 +40,9 @@ use vmm_sys_util::event::{
 use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 use crate::metrics;
 use crate::poll::AdaptivePoll;
-use crate::server::{ExtraOps, FuseServer, ServerError};
+use crate::server::{
+    ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS,
+};
 
 /// Guest memory as vhost-user-backend hands it to us.
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
@@ -497,8 +500,10 @@ where
     ///
     /// With a worker pool, every chain but the last of a batch goes to the pool, and the last is
     /// served right here: a lone request (a path walk, a stat) then costs no thread hand-off and
-    /// no wake-up, while a burst still spreads over the workers. SETLKW may wait for another
-    /// request of the same queue to unlock, so it always goes to the pool.
+    /// no wake-up, while a burst still spreads over the workers. Requests that move data or
+    /// wait for the OSDs (READ, WRITE, FSYNC, …) always go to the pool: served here, one of
+    /// them would keep the queue unread for a whole OSD round trip. SETLKW may wait for
+    /// another request of the same queue to unlock, so it gets a worker of its own.
     fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
         let mut last: Option<Pending> = None;
         loop {
@@ -519,13 +524,14 @@ where
             };
             match &self.inner.pool {
                 Some(pool) if queue != HIPRIO_QUEUE => {
-                    if let Some(prev) = last.take() {
-                        self.submit(pool, vring, prev, queue, false);
-                    }
-                    if opcode(&pending.guard, &pending.chain) == Some(FUSE_SETLKW) {
-                        self.submit(pool, vring, pending, queue, true);
-                    } else {
-                        last = Some(pending);
+                    match Dispatch::of(opcode(&pending.guard, &pending.chain)) {
+                        Dispatch::Waits => self.submit(pool, vring, pending, queue, true),
+                        Dispatch::Blocks => self.submit(pool, vring, pending, queue, false),
+                        Dispatch::Quick => {
+                            if let Some(prev) = last.replace(pending) {
+                                self.submit(pool, vring, prev, queue, false);
+                            }
+                        }
                     }
                 }
                 _ => pending.serve(&self.inner.server, vring, queue),
@@ -643,8 +649,33 @@ where
 /// Avail-ring reads between two clock reads while polling.
 const POLL_SPINS_PER_CLOCK_READ: u32 = 32;
 
-/// FUSE_SETLKW: may block until another request releases a lock.
-const FUSE_SETLKW: u32 = 33;
+/// Where a request is served when there is a worker pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dispatch {
+    /// Usually answered from libcephfs's caches: the last of a batch is served inline.
+    Quick,
+    /// Moves data or waits for the OSDs: always a worker.
+    Blocks,
+    /// May wait for another request (a lock held by the same guest): a worker of its own.
+    Waits,
+}
+
+impl Dispatch {
+    fn of(opcode: Option<u32>) -> Self {
+        const READ: u32 = Opcode::Read as u32;
+        const WRITE: u32 = Opcode::Write as u32;
+        const FSYNC: u32 = Opcode::Fsync as u32;
+        const FSYNCDIR: u32 = Opcode::Fsyncdir as u32;
+        const FALLOCATE: u32 = Opcode::Fallocate as u32;
+        match opcode {
+            Some(FUSE_SETLKW) => Dispatch::Waits,
+            Some(
+                READ | WRITE | FSYNC | FSYNCDIR | FALLOCATE | FUSE_COPY_FILE_RANGE | FUSE_SYNCFS,
+            ) => Dispatch::Blocks,
+            _ => Dispatch::Quick,
+        }
+    }
+}
 
 /// A popped chain and what accounts for it until it is answered.
 struct Pending {

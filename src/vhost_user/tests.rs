@@ -784,3 +784,24 @@ fn idle_workers_leave_and_come_back() {
     pool.submit(job(done_tx), false);
     wait_done(&done_rx, 1, "job after the workers left was not served");
 }
+
+#[test]
+fn data_requests_always_go_to_workers() {
+    use super::Dispatch;
+    for op in [15, 16, 20, 30, 43, 47, 50] {
+        assert_eq!(Dispatch::of(Some(op)), Dispatch::Blocks, "opcode {op}");
+    }
+    assert_eq!(Dispatch::of(Some(33)), Dispatch::Waits);
+    // LOOKUP, GETATTR, OPEN, RELEASE, READDIRPLUS, garbage, unreadable header.
+    for op in [
+        Some(1),
+        Some(3),
+        Some(14),
+        Some(18),
+        Some(44),
+        Some(9999),
+        None,
+    ] {
+        assert_eq!(Dispatch::of(op), Dispatch::Quick, "opcode {op:?}");
+    }
+}
