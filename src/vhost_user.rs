@@ -13,10 +13,8 @@
 //! This layer knows nothing of Ceph: it is generic over the filesystem.
 
 use std::io;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::Opcode;
@@ -40,9 +38,12 @@ use vmm_sys_util::event::{
 use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 use crate::metrics;
 use crate::poll::AdaptivePoll;
+
+mod pool;
 use crate::server::{
     ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS,
 };
+use pool::{PoolLimits, WorkerPool};
 
 /// Guest memory as vhost-user-backend hands it to us.
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
@@ -88,251 +89,6 @@ pub enum ChainError {
 pub enum BackendError {
     #[error("--queues {0} is out of range (1 to 63)")]
     BadQueues(u16),
-}
-
-type Job = Box<dyn FnOnce() + Send + 'static>;
-
-/// An elastic pool of FUSE worker threads fed through one MPMC channel.
-///
-/// Up to `core` workers are started as soon as a job finds no idle worker. Past that, up to
-/// `max`, a worker is added only when jobs are stuck behind busy workers: a job was taken after
-/// waiting longer than `stall`, or a new job arrives while nothing has been taken for that
-/// long. So requests that block on the OSDs or the MDS (O_DIRECT writes, fsync, a cold lookup)
-/// get as many threads as the guest has them in flight, while requests libcephfs serves from
-/// its cache stay on a few threads instead of a crowd contending for its client lock. A
-/// request that may wait for another request (SETLKW) always gets a worker of its own. Workers
-/// leave after `idle_timeout` without work, as in QEMU's thread pool.
-struct WorkerPool {
-    shared: Arc<PoolShared>,
-}
-
-struct PoolShared {
-    sender: crossbeam_channel::Sender<Msg>,
-    receiver: crossbeam_channel::Receiver<Msg>,
-    limits: PoolLimits,
-    /// Jobs sent and not yet taken.
-    queued: AtomicUsize,
-    /// Workers waiting for a job.
-    idle: AtomicUsize,
-    /// Workers started and not yet gone.
-    live: AtomicUsize,
-    /// When a worker last took a job (or the queue last became non-empty), in ns from `epoch`.
-    last_take: AtomicU64,
-    epoch: Instant,
-    /// Set under the `threads` lock, so no worker starts after shutdown collected them.
-    stopped: AtomicBool,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-}
-
-/// Sizes and timings of a [`WorkerPool`].
-#[derive(Debug, Clone, Copy)]
-struct PoolLimits {
-    core: usize,
-    max: usize,
-    stall: Duration,
-    idle_timeout: Duration,
-}
-
-impl PoolLimits {
-    /// `--thread-pool-size N`: at most N workers, of which twice the CPU count (at least 4)
-    /// start without waiting.
-    fn for_max(max: usize) -> Self {
-        let cpus = std::thread::available_parallelism().map_or(2, usize::from);
-        PoolLimits {
-            core: (2 * cpus).max(4).min(max),
-            max,
-            stall: WORKER_STALL,
-            idle_timeout: WORKER_IDLE_TIMEOUT,
-        }
-    }
-}
-
-enum Msg {
-    Run(Job, Instant),
-    Stop,
-}
-
-/// How long an idle worker waits for a job before it leaves.
-const WORKER_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A job that waited this long for a worker means the workers are blocked, not busy.
-const WORKER_STALL: Duration = Duration::from_millis(1);
-
-impl WorkerPool {
-    fn new(limits: PoolLimits) -> Self {
-        let (sender, receiver) = crossbeam_channel::unbounded::<Msg>();
-        WorkerPool {
-            shared: Arc::new(PoolShared {
-                sender,
-                receiver,
-                limits,
-                queued: AtomicUsize::new(0),
-                idle: AtomicUsize::new(0),
-                live: AtomicUsize::new(0),
-                last_take: AtomicU64::new(0),
-                epoch: Instant::now(),
-                stopped: AtomicBool::new(false),
-                threads: Mutex::new(Vec::new()),
-            }),
-        }
-    }
-
-    /// Queue a job; `waits_for_others` marks one that may block until another request runs
-    /// (SETLKW). If the pool is shut down, run it here instead (never lose a chain).
-    fn submit(&self, job: Job, waits_for_others: bool) {
-        let c = &self.shared;
-        if c.stopped.load(Ordering::SeqCst) {
-            job();
-            return;
-        }
-        let now = Instant::now();
-        let before = c.queued.fetch_add(1, Ordering::SeqCst);
-        if before == 0 {
-            c.last_take.store(c.nanos(now), Ordering::SeqCst);
-        }
-        if let Err(crossbeam_channel::SendError(msg)) = c.sender.send(Msg::Run(job, now)) {
-            c.queued.fetch_sub(1, Ordering::SeqCst);
-            if let Msg::Run(job, _) = msg {
-                job();
-            }
-            return;
-        }
-        if before < c.idle.load(Ordering::SeqCst) {
-            return;
-        }
-        let stalled = c
-            .nanos(now)
-            .saturating_sub(c.last_take.load(Ordering::SeqCst))
-            > c.stall_nanos();
-        let limit = if waits_for_others || stalled {
-            c.limits.max
-        } else {
-            c.limits.core
-        };
-        PoolShared::grow(c, limit);
-    }
-
-    fn shutdown(&self) {
-        let c = &self.shared;
-        let threads = {
-            let mut threads = c.threads.lock().unwrap_or_else(PoisonError::into_inner);
-            c.stopped.store(true, Ordering::SeqCst);
-            std::mem::take(&mut *threads)
-        };
-        for _ in &threads {
-            let _ = c.sender.send(Msg::Stop);
-        }
-        for t in threads {
-            if t.join().is_err() {
-                error!("A FUSE worker thread panicked");
-            }
-        }
-        // Jobs queued behind the stop messages still answer their guest requests.
-        while let Ok(msg) = c.receiver.try_recv() {
-            if let Msg::Run(job, _) = msg {
-                job();
-            }
-        }
-    }
-
-    #[cfg(test)]
-    fn live(&self) -> usize {
-        self.shared.live.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for WorkerPool {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
-}
-
-impl PoolShared {
-    fn nanos(&self, t: Instant) -> u64 {
-        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    fn stall_nanos(&self) -> u64 {
-        u64::try_from(self.limits.stall.as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// Start one more worker unless `limit` are running. If the thread cannot be started, the
-    /// job waits for a running worker; with none running, the caller serves the queue itself.
-    fn grow(this: &Arc<Self>, limit: usize) {
-        let reserved = this
-            .live
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .is_ok();
-        if !reserved {
-            return;
-        }
-        let mut threads = this.threads.lock().unwrap_or_else(PoisonError::into_inner);
-        if this.stopped.load(Ordering::SeqCst) {
-            this.live.fetch_sub(1, Ordering::SeqCst);
-            return;
-        }
-        let shared = this.clone();
-        let spawned = std::thread::Builder::new()
-            .name("fuse-worker".into())
-            .spawn(move || worker_loop(&shared));
-        match spawned {
-            Ok(handle) => {
-                threads.retain(|t| !t.is_finished());
-                threads.push(handle);
-            }
-            Err(e) => {
-                drop(threads);
-                this.live.fetch_sub(1, Ordering::SeqCst);
-                warn!(error = %e, "Cannot start a FUSE worker thread; the queued request waits for a running one");
-                if this.live.load(Ordering::SeqCst) == 0 {
-                    // Nobody would ever take the jobs: serve what is queued right here.
-                    while let Ok(Msg::Run(job, _)) = this.receiver.try_recv() {
-                        this.queued.fetch_sub(1, Ordering::SeqCst);
-                        job();
-                    }
-                }
-            }
-        }
-    }
-}
-
-fn worker_loop(c: &Arc<PoolShared>) {
-    loop {
-        c.idle.fetch_add(1, Ordering::SeqCst);
-        let got = c.receiver.recv_timeout(c.limits.idle_timeout);
-        c.idle.fetch_sub(1, Ordering::SeqCst);
-        match got {
-            Ok(Msg::Run(job, queued_at)) => {
-                let now = Instant::now();
-                c.last_take.store(c.nanos(now), Ordering::SeqCst);
-                let left = c.queued.fetch_sub(1, Ordering::SeqCst) - 1;
-                // This job waited behind blocked workers, and others still wait: add one.
-                if now.saturating_duration_since(queued_at) > c.limits.stall
-                    && left > c.idle.load(Ordering::SeqCst)
-                {
-                    PoolShared::grow(c, c.limits.max);
-                }
-                if catch_unwind(AssertUnwindSafe(job)).is_err() {
-                    error!(
-                        "A FUSE request handler panicked; the request is lost, serving the others"
-                    );
-                }
-            }
-            Ok(Msg::Stop) | Err(crossbeam_channel::RecvTimeoutError::Disconnected) => break,
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => {
-                // Leave, unless a job was queued while we were counted idle: its submitter
-                // relied on us. Leaving first and re-checking after makes the race two-sided:
-                // a submitter that misses our idle count starts a worker itself.
-                c.live.fetch_sub(1, Ordering::SeqCst);
-                if c.queued.load(Ordering::SeqCst) == 0 || c.stopped.load(Ordering::SeqCst) {
-                    return;
-                }
-                c.live.fetch_add(1, Ordering::SeqCst);
-            }
-        }
-    }
-    c.live.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// Counts requests in flight so shutdown can wait for them. Entering and leaving are one atomic

@@ -761,12 +761,63 @@ fn a_waiting_job_gets_its_own_worker() {
     wait_done(&done_rx, 1, "the waiting job was never released");
 }
 
+/// After a burst grew the pool, one request at a time keeps going to the same worker (the one
+/// that went idle last); the others sleep on.
+#[test]
+fn jobs_go_to_the_worker_that_went_idle_last() {
+    let pool = super::WorkerPool::new(limits(4, 4, 1000, 30_000));
+    let barrier = Arc::new(std::sync::Barrier::new(4));
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    for _ in 0..4 {
+        let (barrier, done): (_, Done) = (barrier.clone(), done_tx.clone());
+        pool.submit(
+            Box::new(move || {
+                barrier.wait();
+                let _ = done.send(());
+            }),
+            false,
+        );
+    }
+    wait_done(&done_rx, 4, "burst not served");
+    let (id_tx, id_rx) = std::sync::mpsc::channel();
+    let mut ids = std::collections::HashSet::new();
+    for _ in 0..20 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while pool.idle() < 4 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "workers did not go idle"
+            );
+            std::thread::yield_now();
+        }
+        let id = id_tx.clone();
+        pool.submit(
+            Box::new(move || {
+                let _ = id.send(std::thread::current().id());
+            }),
+            false,
+        );
+        ids.insert(
+            id_rx
+                .recv_timeout(Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("job not served")),
+        );
+    }
+    assert_eq!(
+        ids.len(),
+        1,
+        "sequential jobs spread over {} workers",
+        ids.len()
+    );
+    assert_eq!(pool.live(), 4);
+}
+
 /// Idle workers leave after the idle timeout, and a job after that starts a new one.
 #[test]
 fn idle_workers_leave_and_come_back() {
     let pool = super::WorkerPool::new(limits(4, 4, 1000, 50));
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    let job = |done: Done| -> super::Job {
+    let job = |done: Done| -> super::pool::Job {
         Box::new(move || {
             let _ = done.send(());
         })
