@@ -674,14 +674,11 @@ fn wait_done(rx: &std::sync::mpsc::Receiver<()>, n: usize, what: &str) {
     }
 }
 
-/// Up to `core`, every job that finds no idle worker gets one: eight jobs that can only finish
-/// together all run at once.
-#[test]
-fn pool_starts_core_workers_for_jobs_in_flight() {
-    let pool = super::WorkerPool::new(limits(8, 8, 1000, 30_000));
-    let barrier = Arc::new(std::sync::Barrier::new(8));
+/// Submit `n` jobs that can only finish together, and wait until they have.
+fn run_together(pool: &super::WorkerPool, n: usize) {
+    let barrier = Arc::new(std::sync::Barrier::new(n));
     let (done_tx, done_rx) = std::sync::mpsc::channel();
-    for _ in 0..8 {
+    for _ in 0..n {
         let (barrier, done): (_, Done) = (barrier.clone(), done_tx.clone());
         pool.submit(
             Box::new(move || {
@@ -691,7 +688,15 @@ fn pool_starts_core_workers_for_jobs_in_flight() {
             false,
         );
     }
-    wait_done(&done_rx, 8, "8 blocking jobs did not run side by side");
+    wait_done(&done_rx, n, "blocking jobs did not run side by side");
+}
+
+/// Up to `core`, every job that finds no idle worker gets one: eight jobs that can only finish
+/// together all run at once.
+#[test]
+fn pool_starts_core_workers_for_jobs_in_flight() {
+    let pool = super::WorkerPool::new(limits(8, 8, 1000, 30_000));
+    run_together(&pool, 8);
     assert!(pool.live() <= 8, "live workers: {}", pool.live());
 }
 
@@ -766,19 +771,7 @@ fn a_waiting_job_gets_its_own_worker() {
 #[test]
 fn jobs_go_to_the_worker_that_went_idle_last() {
     let pool = super::WorkerPool::new(limits(4, 4, 1000, 30_000));
-    let barrier = Arc::new(std::sync::Barrier::new(4));
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    for _ in 0..4 {
-        let (barrier, done): (_, Done) = (barrier.clone(), done_tx.clone());
-        pool.submit(
-            Box::new(move || {
-                barrier.wait();
-                let _ = done.send(());
-            }),
-            false,
-        );
-    }
-    wait_done(&done_rx, 4, "burst not served");
+    run_together(&pool, 4);
     let (id_tx, id_rx) = std::sync::mpsc::channel();
     let mut ids = std::collections::HashSet::new();
     for _ in 0..20 {
