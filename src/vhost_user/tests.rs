@@ -267,6 +267,17 @@ fn backend(threads: usize, tag: Option<&str>) -> (VhostUserFsBackend<TestFs>, Ar
     (backend, fs)
 }
 
+/// A backend serving inline whose queue threads may poll for up to 3 s.
+fn polling_backend() -> VhostUserFsBackend<TestFs> {
+    let options = BackendOptions {
+        tag: None,
+        request_queues: 1,
+        thread_pool_size: 0,
+        poll: Duration::from_secs(3),
+    };
+    VhostUserFsBackend::new(Arc::new(TestFs::default()), &options).unwrap_or_else(|e| panic!("{e}"))
+}
+
 fn memory() -> (Arc<GuestMemoryMmap<()>>, GuestMem) {
     let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
         .unwrap_or_else(|e| panic!("{e}"));
@@ -509,14 +520,7 @@ fn polling_serves_requests_made_without_a_kick() {
         let mut driver = Driver::new(&gm);
         let vring = driver.vring(&mem);
         vring.set_queue_event_idx(event_idx);
-        let fs = Arc::new(TestFs::default());
-        let options = BackendOptions {
-            tag: None,
-            request_queues: 1,
-            thread_pool_size: 0,
-            poll: Duration::from_secs(3),
-        };
-        let backend = VhostUserFsBackend::new(fs, &options).unwrap_or_else(|e| panic!("{e}"));
+        let backend = polling_backend();
         backend.set_event_idx(event_idx);
         backend
             .update_memory(mem.clone())
@@ -556,14 +560,7 @@ fn polling_window_adapts_to_the_guest() {
     let (gm, mem) = memory();
     let mut driver = Driver::new(&gm);
     let vring = driver.vring(&mem);
-    let fs = Arc::new(TestFs::default());
-    let options = BackendOptions {
-        tag: None,
-        request_queues: 1,
-        thread_pool_size: 0,
-        poll: Duration::from_secs(3),
-    };
-    let backend = VhostUserFsBackend::new(fs, &options).unwrap_or_else(|e| panic!("{e}"));
+    let backend = polling_backend();
     backend
         .update_memory(mem.clone())
         .unwrap_or_else(|e| panic!("{e}"));
