@@ -10,10 +10,47 @@
 //!
 //! A wait the window ended (the spin saw the event) leaves it as it is.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Where a window starts growing from (KVM's `halt_poll_ns_grow_start`).
 pub const GROW_START: Duration = Duration::from_micros(10);
+
+/// Looks at the awaited condition between two clock reads (and CPU yields) while spinning.
+pub const LOOKS_PER_YIELD: u32 = 32;
+
+/// What one look at the awaited condition found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Look {
+    /// It happened: stop spinning.
+    Ready,
+    /// Not yet: keep spinning.
+    NotYet,
+    /// It will not happen this way (an error, a shutdown): stop spinning.
+    GiveUp,
+}
+
+/// Spin for at most `window`, calling `look` until it finds [`Look::Ready`] (true) or
+/// [`Look::GiveUp`] (false); false also when the window runs out.
+///
+/// Every `looks_per_yield` looks the clock is read and the CPU yielded: KVM's halt polling
+/// stops when another task wants the CPU, and on a small host the thread this spinner waits
+/// for may be queued on this very core.
+pub fn spin_until(window: Duration, looks_per_yield: u32, mut look: impl FnMut() -> Look) -> bool {
+    let deadline = Instant::now() + window;
+    loop {
+        for _ in 0..looks_per_yield.max(1) {
+            match look() {
+                Look::Ready => return true,
+                Look::GiveUp => return false,
+                Look::NotYet => std::hint::spin_loop(),
+            }
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
 
 /// The polling window of one waiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,6 +128,31 @@ mod tests {
             p.slept(us(5000));
             assert_eq!(p.window().as_micros(), want);
         }
+    }
+
+    #[test]
+    fn spin_until_stops_at_the_first_answer_or_the_window() {
+        let mut n = 0;
+        assert!(spin_until(Duration::from_secs(10), 4, || {
+            n += 1;
+            if n == 100 {
+                Look::Ready
+            } else {
+                Look::NotYet
+            }
+        }));
+        assert_eq!(n, 100);
+        let mut m = 0;
+        assert!(!spin_until(Duration::from_secs(10), 4, || {
+            m += 1;
+            if m == 7 {
+                Look::GiveUp
+            } else {
+                Look::NotYet
+            }
+        }));
+        assert_eq!(m, 7);
+        assert!(!spin_until(us(200), 4, || Look::NotYet));
     }
 
     #[test]

@@ -37,7 +37,7 @@ use vmm_sys_util::event::{
 
 use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 use crate::metrics;
-use crate::poll::AdaptivePoll;
+use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
 mod pool;
 use crate::server::{
@@ -65,7 +65,7 @@ pub struct BackendOptions {
     pub tag: Option<String>,
     /// Request queues (1..=63); the hiprio queue comes on top.
     pub request_queues: u16,
-    /// FUSE worker threads; 0 = serve in the queue thread.
+    /// Most FUSE worker threads (started on demand); 0 = serve in the queue thread.
     pub thread_pool_size: usize,
     /// The most a request queue thread polls the avail ring after serving, before it
     /// re-enables guest notifications and sleeps; the window adapts below it (`crate::poll`).
@@ -383,27 +383,18 @@ where
             return false;
         };
         let guard = mem.memory();
-        let deadline = Instant::now() + window;
-        loop {
-            for _ in 0..POLL_SPINS_PER_CLOCK_READ {
-                match guard.load::<u16>(idx_at, Ordering::Acquire) {
-                    Ok(idx) if u16::from_le(idx) != next => return true,
-                    Ok(_) => std::hint::spin_loop(),
-                    Err(_) => return false,
-                }
+        spin_until(window, LOOKS_PER_YIELD, || {
+            if self.inner.closed.load(Ordering::Relaxed) {
+                return Look::GiveUp;
             }
-            if self.inner.closed.load(Ordering::Relaxed) || Instant::now() >= deadline {
-                return false;
+            match guard.load::<u16>(idx_at, Ordering::Acquire) {
+                Ok(idx) if u16::from_le(idx) != next => Look::Ready,
+                Ok(_) => Look::NotYet,
+                Err(_) => Look::GiveUp,
             }
-            // Like KVM's halt polling, which stops when another task wants the CPU: on a small
-            // host the guest's vCPU (or a Ceph thread) may be waiting for this very core.
-            std::thread::yield_now();
-        }
+        })
     }
 }
-
-/// Avail-ring reads between two clock reads while polling.
-const POLL_SPINS_PER_CLOCK_READ: u32 = 32;
 
 /// Where a request is served when there is a worker pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

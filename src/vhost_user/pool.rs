@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, warn};
 
-use crate::poll::AdaptivePoll;
+use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
 /// One unit of work: serving one request.
 pub(super) type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -59,7 +59,7 @@ impl PoolLimits {
 
 /// What a worker is handed while it sleeps.
 enum Handed {
-    Run(Job, Instant),
+    Run(Job),
     Stop,
 }
 
@@ -124,7 +124,7 @@ impl WorkerPool {
         }
         if let Some(slot) = st.idle.pop() {
             drop(st);
-            slot.hand(Handed::Run(job, now));
+            slot.hand(Handed::Run(job));
             return;
         }
         if st.queue.is_empty() {
@@ -143,11 +143,7 @@ impl WorkerPool {
         }
         if st.live == 0 {
             // No worker could be started and none runs: serve the queue right here.
-            let jobs: Vec<Job> = st.queue.drain(..).map(|(j, _)| j).collect();
-            drop(st);
-            for job in jobs {
-                job();
-            }
+            run_queued(st);
         }
     }
 
@@ -169,10 +165,7 @@ impl WorkerPool {
             }
         }
         // Jobs still queued answer their guest requests all the same.
-        let jobs: Vec<Job> = self.shared.lock().queue.drain(..).map(|(j, _)| j).collect();
-        for job in jobs {
-            job();
-        }
+        run_queued(self.shared.lock());
     }
 
     #[cfg(test)]
@@ -212,24 +205,16 @@ impl Slot {
 
     /// Spin for at most `window` until something is handed over; true if it was.
     fn spin(&self, window: Duration) -> bool {
-        let deadline = Instant::now() + window;
-        loop {
-            for _ in 0..SPINS_PER_CLOCK_READ {
-                if self.ready.load(Ordering::Acquire) {
-                    return true;
-                }
-                std::hint::spin_loop();
+        spin_until(window, LOOKS_PER_YIELD, || {
+            if self.ready.load(Ordering::Acquire) {
+                Look::Ready
+            } else {
+                Look::NotYet
             }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::yield_now();
-        }
+        })
     }
 }
 
-/// Slot reads between two clock reads while spinning.
-const SPINS_PER_CLOCK_READ: u32 = 32;
 /// The most an idle worker spins before it parks; the window adapts below it.
 const WORKER_SPIN: Duration = Duration::from_micros(50);
 
@@ -260,11 +245,7 @@ impl Shared {
     /// The next job for a worker that has just finished one (or started): the queue's oldest,
     /// or, with none, a wait on the idle stack until one is handed over (a short adaptive spin,
     /// then a park). `None`: leave.
-    fn next_job(
-        this: &Arc<Self>,
-        slot: &Arc<Slot>,
-        spin: &mut AdaptivePoll,
-    ) -> Option<(Job, Instant)> {
+    fn next_job(this: &Arc<Self>, slot: &Arc<Slot>, spin: &mut AdaptivePoll) -> Option<Job> {
         {
             let mut st = this.lock();
             if let Some((job, queued_at)) = st.queue.pop_front() {
@@ -278,7 +259,7 @@ impl Shared {
                 {
                     Shared::start_worker(this, &mut st);
                 }
-                return Some((job, queued_at));
+                return Some(job);
             }
             if st.stopped {
                 st.live -= 1;
@@ -291,11 +272,11 @@ impl Shared {
         let spun = !window.is_zero() && slot.spin(window);
         loop {
             match slot.take() {
-                Some(Handed::Run(job, queued_at)) => {
+                Some(Handed::Run(job)) => {
                     if !spun {
                         spin.slept(idle_since.elapsed());
                     }
-                    return Some((job, queued_at));
+                    return Some(job);
                 }
                 Some(Handed::Stop) => {
                     this.lock().live -= 1;
@@ -322,6 +303,15 @@ impl Shared {
     }
 }
 
+/// Run every queued job on the calling thread, after letting go of the pool's lock.
+fn run_queued(mut st: MutexGuard<'_, State>) {
+    let jobs: Vec<Job> = st.queue.drain(..).map(|(job, _)| job).collect();
+    drop(st);
+    for job in jobs {
+        job();
+    }
+}
+
 fn worker_loop(shared: &Arc<Shared>) {
     let slot = Arc::new(Slot {
         handed: Mutex::new(None),
@@ -329,7 +319,7 @@ fn worker_loop(shared: &Arc<Shared>) {
         thread: std::thread::current(),
     });
     let mut spin = AdaptivePoll::new(WORKER_SPIN);
-    while let Some((job, _)) = Shared::next_job(shared, &slot, &mut spin) {
+    while let Some(job) = Shared::next_job(shared, &slot, &mut spin) {
         if catch_unwind(AssertUnwindSafe(job)).is_err() {
             error!("A FUSE request handler panicked; the request is lost, serving the others");
         }

@@ -18,7 +18,7 @@ use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ceph_virtiofsd::poll::AdaptivePoll;
+use ceph_virtiofsd::poll::{spin_until, AdaptivePoll, Look};
 
 use vm_memory::{Address, Bytes, GuestAddress, GuestMemoryMmap};
 use vmm_sys_util::eventfd::EventFd;
@@ -427,21 +427,16 @@ impl VirtQueue {
     /// instead of waiting out our window, which on a 2-core host otherwise turns into a
     /// ~130 µs hand-off per request.
     fn halt_poll(&self, limit: Duration) -> Result<bool, QueueError> {
-        let start = Instant::now();
-        let mut spins = 0u32;
-        loop {
-            if self.used_pending()? {
-                return Ok(true);
+        let mut failed = None;
+        let hit = spin_until(limit, SPINS_PER_CLOCK_READ, || match self.used_pending() {
+            Ok(true) => Look::Ready,
+            Ok(false) => Look::NotYet,
+            Err(e) => {
+                failed = Some(e);
+                Look::GiveUp
             }
-            std::hint::spin_loop();
-            spins = spins.wrapping_add(1);
-            if spins % SPINS_PER_CLOCK_READ == 0 {
-                if start.elapsed() >= limit {
-                    return Ok(false);
-                }
-                std::thread::yield_now();
-            }
-        }
+        });
+        failed.map_or(Ok(hit), Err)
     }
 
     /// Blocks until at least one completion is available and returns them all.
