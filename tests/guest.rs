@@ -97,11 +97,7 @@ fn guest_suite_and_data_seen_by_another_client() {
     let run = run_guest(&lab, &work, &daemon, script, &adds, 1500);
 
     let counts = run.counts("");
-    let failed: Vec<&str> = run
-        .console
-        .lines()
-        .filter(|l| l.starts_with("not ok"))
-        .collect();
+    let failed = run.not_ok();
     assert!(
         failed.is_empty(),
         "in-guest checks failed: {failed:#?}\ndaemon log:\n{}",

@@ -214,11 +214,7 @@ fn guest_suite_passes_with_the_daemon_unprivileged_under_seccomp_kill() {
     let script = "#!/bin/sh\nrc=0\n/opt/bin/fs-suite /mnt || rc=1\necho SUITE-DONE\nexit $rc\n";
     let adds = [(lab.guest_bin.join("fs-suite"), "/opt/bin/fs-suite")];
     let run = common::run_guest(&lab, &work, &daemon, script, &adds, 1500);
-    let failed: Vec<&str> = run
-        .console
-        .lines()
-        .filter(|l| l.starts_with("not ok"))
-        .collect();
+    let failed = run.not_ok();
     assert!(
         failed.is_empty(),
         "in-guest checks failed under the sandbox: {failed:#?}\ndaemon log:\n{}",

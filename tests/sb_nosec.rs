@@ -231,11 +231,7 @@ fn killpriv_v2_and_ttl_coherence_seen_from_another_client() {
         "the guest finished its script"
     );
 
-    let not_ok: Vec<&str> = run
-        .console
-        .lines()
-        .filter(|l| l.starts_with("not ok"))
-        .collect();
+    let not_ok = run.not_ok();
     assert!(
         not_ok.is_empty(),
         "guest-side failures: {not_ok:?}\n{}",

@@ -205,6 +205,14 @@ impl GuestRun {
             .unwrap_or_else(|| 128 + self.status.signal().unwrap_or(0))
     }
 
+    /// The lines of the console that report a failed in-guest check ("not ok ...").
+    pub fn not_ok(&self) -> Vec<&str> {
+        self.console
+            .lines()
+            .filter(|l| l.starts_with("not ok"))
+            .collect()
+    }
+
     /// The "N passed, M failed" closing line of a suite, if printed.
     pub fn counts(&self, after: &str) -> Option<(u32, u32)> {
         let start = self.console.find(after).unwrap_or(0);
