@@ -101,7 +101,8 @@ pub struct Config {
     pub thread_pool_size: usize,
     /// Request queues (the hiprio queue comes on top).
     pub queues: u16,
-    /// How long a request queue thread polls for more requests before sleeping (0 = never).
+    /// The most a request queue thread polls for more requests before sleeping (0 = never);
+    /// the window adapts below it.
     pub poll_us: u64,
     pub keep_serving: bool,
     pub cache: CacheMode,

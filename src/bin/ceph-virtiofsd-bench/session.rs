@@ -69,8 +69,8 @@ pub struct SessionOpts {
     pub timeout: Duration,
     /// Negotiate VIRTIO_RING_F_EVENT_IDX when the daemon offers it.
     pub event_idx: bool,
-    /// Spin this long on the used ring before sleeping on the call eventfd (zero: never),
-    /// for waits on a single outstanding request.
+    /// The most a wait spins on the used ring before sleeping on the call eventfd (zero:
+    /// never); each queue's window adapts below it.
     pub halt_poll: Duration,
 }
 
