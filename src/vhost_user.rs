@@ -1,10 +1,12 @@
 //! vhost-user glue for virtio-fs: queues, features, config space, `handle_event`.
 //!
 //! Queue 0 is the hiprio queue (FORGET, INTERRUPT), queues 1..=N carry requests. Each queue has
-//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there; all
-//! but the last of a batch are handed to an elastic worker pool (`--thread-pool-size` = most
-//! workers; 0 = serve everything inline), the last is served by the queue thread itself, so a
-//! burst spreads over the workers and a lone request pays no hand-off. A worker builds the
+//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there.
+//! Those that wait for the OSDs or the MDS are handed to an elastic worker pool
+//! (`--thread-pool-size` = most workers; 0 = serve everything inline), except the last of a
+//! batch; the queue thread serves that one, and the requests libcephfs has lately been
+//! answering from its caches (`cost`), itself. So a burst of waiting requests spreads over the
+//! workers, and a lone request or a cached one pays no hand-off. A worker builds the
 //! FUSE `Reader`/`Writer` from the chain, calls the server, then returns the chain
 //! (`add_used`) and notifies the guest when EVENT_IDX says so. After a drain the queue thread
 //! polls the ring before it sleeps, with guest notifications off, for an adaptive window of
@@ -39,10 +41,12 @@ use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 use crate::metrics;
 use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
+mod cost;
 mod pool;
 use crate::server::{
     ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS,
 };
+use cost::ServeCost;
 use pool::{PoolLimits, WorkerPool};
 
 /// Guest memory as vhost-user-backend hands it to us.
@@ -144,6 +148,8 @@ struct Inner<F: FileSystem + Send + Sync> {
     closed: AtomicBool,
     in_flight: Arc<InFlight>,
     pool: Option<WorkerPool>,
+    /// What each opcode has been costing: where the next request of a batch runs.
+    cost: Arc<ServeCost>,
     config_space: Option<[u8; VIRTIO_FS_CONFIG_LEN]>,
     request_queues: u16,
     /// Each queue's polling window and when its thread last went to sleep.
@@ -214,6 +220,7 @@ where
                 closed: AtomicBool::new(false),
                 in_flight: Arc::new(InFlight::default()),
                 pool,
+                cost: Arc::default(),
                 config_space: options.tag.as_deref().map(|t| config_space(t, q)),
                 request_queues: q,
                 polls: (0..=usize::from(q))
@@ -254,12 +261,15 @@ where
 
     /// Pop every available chain of `vring` and dispatch it.
     ///
-    /// With a worker pool, every chain but the last of a batch goes to the pool, and the last is
-    /// served right here: a lone request (a path walk, a stat) then costs no thread hand-off and
-    /// no wake-up, while a burst still spreads over the workers. Requests that move data or
-    /// wait for the OSDs (READ, WRITE, FSYNC, …) always go to the pool: served here, one of
-    /// them would keep the queue unread for a whole OSD round trip. SETLKW may wait for
-    /// another request of the same queue to unlock, so it gets a worker of its own.
+    /// With a worker pool, requests that move data or wait for the OSDs (READ, WRITE, FSYNC,
+    /// …) always go to the pool: served here, one of them would keep the queue unread for a
+    /// whole OSD round trip. SETLKW may wait for another request of the same queue to
+    /// unlock, so it gets a worker of its own. Of the others, those whose kind has been
+    /// answering from libcephfs's caches are served right here, in order (see `cost`): on a
+    /// worker they would only add a hand-off before taking libcephfs's client lock. The rest
+    /// go to the pool, except the last of the batch, served right here too: a lone request (a
+    /// path walk, a create) then costs no hand-off and no wake-up, while a burst of requests
+    /// that wait for the MDS still spreads over the workers.
     fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
         let mut last: Option<Pending> = None;
         loop {
@@ -275,14 +285,22 @@ where
             let pending = Pending {
                 in_flight: self.inner.in_flight.enter(),
                 depth: metrics::global().queue_enter(queue),
+                opcode: opcode(&guard, &chain),
                 guard,
                 chain,
             };
             match &self.inner.pool {
                 Some(pool) if queue != HIPRIO_QUEUE => {
-                    match Dispatch::of(opcode(&pending.guard, &pending.chain)) {
+                    match Dispatch::of(pending.opcode) {
                         Dispatch::Waits => self.submit(pool, vring, pending, queue, true),
                         Dispatch::Blocks => self.submit(pool, vring, pending, queue, false),
+                        Dispatch::Quick if self.inner.cost.cheap(pending.opcode) => {
+                            // What waited for the batch's end goes first: it will take longer.
+                            if let Some(prev) = last.take() {
+                                self.submit(pool, vring, prev, queue, false);
+                            }
+                            self.serve(pending, vring, queue);
+                        }
                         Dispatch::Quick => {
                             if let Some(prev) = last.replace(pending) {
                                 self.submit(pool, vring, prev, queue, false);
@@ -290,18 +308,26 @@ where
                         }
                     }
                 }
-                _ => pending.serve(&self.inner.server, vring, queue),
+                _ => self.serve(pending, vring, queue),
             }
         }
         if let Some(p) = last {
-            p.serve(&self.inner.server, vring, queue);
+            self.serve(p, vring, queue);
         }
+    }
+
+    fn serve(&self, p: Pending, vring: &Vring, queue: usize) {
+        p.serve(&self.inner.server, vring, queue, &self.inner.cost);
     }
 
     fn submit(&self, pool: &WorkerPool, vring: &Vring, p: Pending, queue: usize, waits: bool) {
         let server = self.inner.server.clone();
+        let cost = self.inner.cost.clone();
         let vring = vring.clone();
-        pool.submit(Box::new(move || p.serve(&server, &vring, queue)), waits);
+        pool.submit(
+            Box::new(move || p.serve(&server, &vring, queue, &cost)),
+            waits,
+        );
     }
 
     fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<()> {
@@ -399,7 +425,8 @@ where
 /// Where a request is served when there is a worker pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dispatch {
-    /// Usually answered from libcephfs's caches: the last of a batch is served inline.
+    /// Often answered from libcephfs's caches: served inline when its kind has been cheap
+    /// lately, or when it is the last of a batch.
     Quick,
     /// Moves data or waits for the OSDs: always a worker.
     Blocks,
@@ -428,16 +455,19 @@ impl Dispatch {
 struct Pending {
     in_flight: InFlightGuard,
     depth: metrics::QueueDepthGuard,
+    opcode: Option<u32>,
     guard: MemGuard,
     chain: DescriptorChain<MemGuard>,
 }
 
 impl Pending {
-    fn serve<F>(self, server: &FuseServer<F>, vring: &Vring, queue: usize)
+    fn serve<F>(self, server: &FuseServer<F>, vring: &Vring, queue: usize, cost: &ServeCost)
     where
         F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
     {
+        let start = Instant::now();
         complete_chain(server, vring, &self.guard, self.chain, queue);
+        cost.record(self.opcode, start.elapsed());
         drop(self.depth);
         drop(self.in_flight);
     }

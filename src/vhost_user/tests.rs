@@ -26,7 +26,8 @@ const FUSE_SETLK: u32 = 32;
 
 const FUSE_INIT: u32 = 26;
 const FUSE_GETATTR: u32 = 3;
-const QSIZE: u16 = 16;
+const FUSE_LOOKUP: u32 = 1;
+const QSIZE: u16 = 64;
 const MEM_SIZE: usize = 0x10_0000;
 const DATA_START: u64 = 0x1_0000;
 
@@ -36,13 +37,34 @@ type CopyArgs = (u64, u64, u64, u64, u64, u64, u64, u64);
 #[derive(Default)]
 pub(crate) struct TestFs {
     copies: Mutex<Vec<CopyArgs>>,
+    /// (opcode, served by a pool worker) of GETATTR and LOOKUP requests, in serving order.
+    served: Mutex<Vec<(u32, bool)>>,
+}
+
+impl TestFs {
+    fn note_served(&self, opcode: u32) {
+        let on_worker = std::thread::current().name() == Some("fuse-worker");
+        self.served
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((opcode, on_worker));
+    }
+
+    fn take_served(&self) -> Vec<(u32, bool)> {
+        std::mem::take(&mut *self.served.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 impl FileSystem for TestFs {
     type Inode = u64;
     type Handle = u64;
 
-    fn lookup(&self, _ctx: &Context, _parent: u64, _name: &CStr) -> io::Result<Entry> {
+    /// Nothing is found; a LOOKUP of "slow" takes 20 ms, as one sent to the MDS.
+    fn lookup(&self, _ctx: &Context, _parent: u64, name: &CStr) -> io::Result<Entry> {
+        if name.to_bytes() == b"slow" {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.note_served(FUSE_LOOKUP);
         Err(io::Error::from_raw_os_error(libc::ENOENT))
     }
 
@@ -52,6 +74,7 @@ impl FileSystem for TestFs {
         inode: u64,
         _handle: Option<u64>,
     ) -> io::Result<(libc::stat64, Duration)> {
+        self.note_served(FUSE_GETATTR);
         if inode != ROOT_ID {
             return Err(io::Error::from_raw_os_error(libc::ENOENT));
         }
@@ -238,6 +261,24 @@ fn request<T: ByteValued>(opcode: u32, unique: u64, nodeid: u64, body: T) -> Vec
     };
     let mut bytes = header.as_slice().to_vec();
     bytes.extend_from_slice(body.as_slice());
+    bytes
+}
+
+fn lookup_request(unique: u64, name: &str) -> Vec<u8> {
+    let mut name = name.as_bytes().to_vec();
+    name.push(0);
+    let header = InHeader {
+        len: u32::try_from(size_of::<InHeader>() + name.len()).unwrap_or(0),
+        opcode: FUSE_LOOKUP,
+        unique,
+        nodeid: ROOT_ID,
+        uid: 1000,
+        gid: 1000,
+        pid: 42,
+        padding: 0,
+    };
+    let mut bytes = header.as_slice().to_vec();
+    bytes.extend_from_slice(&name);
     bytes
 }
 
@@ -845,4 +886,54 @@ fn data_requests_always_go_to_workers() {
     ] {
         assert_eq!(Dispatch::of(op), Dispatch::Quick, "opcode {op:?}");
     }
+}
+
+/// Requests of a kind that has been answering quickly are served by the queue thread itself,
+/// in a batch too; a kind that has been slow is spread over the workers, but for the last of
+/// a batch, which the queue thread serves after handing the others out.
+#[test]
+fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(4, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.submit(&init_request(1), 256);
+    for unique in 2..=7 {
+        let getattr = request(FUSE_GETATTR, unique, ROOT_ID, GetattrIn::default());
+        driver.submit(&getattr, 256);
+    }
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 7);
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false); 6]);
+
+    // LOOKUP was never seen: the first is served inline, and its 20 ms make the kind slow.
+    for unique in 8..=11 {
+        driver.submit(&lookup_request(unique, "slow"), 256);
+    }
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 11);
+    let served = fs.take_served();
+    assert_eq!(served.first(), Some(&(FUSE_LOOKUP, false)), "{served:?}");
+    assert_eq!(served.iter().filter(|(_, w)| *w).count(), 2, "{served:?}");
+
+    // Now a batch of slow ones spreads over the workers, and cached GETATTRs among them still
+    // run right here.
+    for unique in 12..=19 {
+        if unique % 2 == 0 {
+            driver.submit(&lookup_request(unique, "slow"), 256);
+        } else {
+            let getattr = request(FUSE_GETATTR, unique, ROOT_ID, GetattrIn::default());
+            driver.submit(&getattr, 256);
+        }
+    }
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 19);
+    let mut served = fs.take_served();
+    served.sort_unstable();
+    let mut expected = vec![(FUSE_LOOKUP, true); 4];
+    expected.extend([(FUSE_GETATTR, false); 4]);
+    assert_eq!(served, expected);
 }
