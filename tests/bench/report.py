@@ -77,8 +77,9 @@ md.append(
     "(`ceph-virtiofsd`, libcephfs), **peer** (stock `virtiofsd` sharing a host ceph-fuse mount "
     "of the same cluster: what users run today), **floor** (the same operations called "
     "directly through libcephfs in the bench process: no FUSE, no daemon). Workloads run as "
-    "uid 1000 in ABBA order over the rounds; throughput is the median over rounds, latency "
-    "percentiles pool all rounds' samples.\n"
+    "uid 1000; within a round each workload runs on the variants in turn, in ABBA order (ours, "
+    "floor, peer, then back), so that ours and the floor run next to each other. Throughput is "
+    "the median over rounds, latency percentiles pool all rounds' samples.\n"
 )
 md.append(f"- date: {meta.get('date', '?')}")
 md.append(f"- command: `{meta.get('cmdline', '?')}`"
@@ -116,6 +117,30 @@ if storm:
             base = thr("stat-storm-1", t)
             cells.append(f"{fmt_thr(w, thr(w, t))} ({fmt_r(ratio(thr(w, t), base))})")
         md.append(f"| {w.rsplit('-', 1)[-1]} | " + " | ".join(cells) + " |")
+
+mq_file = OUT / "bench-mq.json"
+if mq_file.exists():
+    mq = {(r["workload"], r["target"]): r for r in json.loads(mq_file.read_text())["summary"]}
+    mq_storm = sorted({w for (w, _) in mq if w.startswith("stat-storm-")},
+                      key=lambda w: int(w.rsplit("-", 1)[-1]))
+
+    def mq_thr(w, t):
+        r = mq.get((w, t))
+        return None if r is None else r["ops_per_s"]
+
+    n = meta.get("mq", "?")
+    md.append("")
+    md.append(f"The same storm with {n} request queues (`tests/bench/run --mq {n}`: ours started "
+              f"with `--queues {n}`, the bench spreading its streams over the queues as a Linux "
+              f"≥ 6.11 guest with {n} vCPUs does; the stock virtiofsd offers one queue, so the "
+              "peer sits this pass out; `bench-mq.log`):\n")
+    md.append("| streams | ours | floor | ours/floor |")
+    md.append("|---:|---:|---:|---:|")
+    for w in mq_storm:
+        o, f = mq_thr(w, "ours"), mq_thr(w, "floor")
+        cells = [f"{fmt_thr(w, v)} ({fmt_r(ratio(v, mq_thr('stat-storm-1', t)))})"
+                 for v, t in ((o, "ours"), (f, "floor"))]
+        md.append(f"| {w.rsplit('-', 1)[-1]} | {cells[0]} | {cells[1]} | {fmt_r(ratio(o, f))} |")
 
 md.append("")
 md.append("Caveats: the bench, the daemons and the cluster share the machine's cores (and, on a "

@@ -14,7 +14,8 @@ use crate::workload::{Params, Workload};
 #[derive(Debug, Parser)]
 #[command(name = "ceph-virtiofsd-bench", version)]
 pub struct Args {
-    /// Daemon under test, as NAME=SOCKET (repeat to compare; rounds run in ABBA order).
+    /// Daemon under test, as NAME=SOCKET (repeat to compare; each workload runs on the targets in
+    /// ABBA order).
     /// NAME=ceph:/path/to/ceph.conf[:/root] is the "floor": the same operations called
     /// directly through libcephfs in this process (no daemon, no FUSE).
     #[arg(long = "target", required = true, value_name = "NAME=SOCKET")]

@@ -2,7 +2,7 @@
 //! part (vhost-user frontend, split virtqueues, FUSE requests). See README.md in this folder.
 //!
 //! Layers: `virtq` (rings in guest memory) → `session` (vhost-user + FUSE transport, implements
-//! `Backend`) → `workload` (knows only `Backend`) → `stats` (tables, JSON) → `main` (ABBA rounds).
+//! `Backend`) → `workload` (knows only `Backend`) → `stats` (tables, JSON) → `main` (rounds, ABBA per workload).
 
 mod args;
 mod asok;
@@ -60,18 +60,14 @@ fn print_chain(e: &dyn std::error::Error) {
     }
 }
 
-/// ABBA order: even rounds run the targets forward, odd rounds backward.
-fn abba(targets: usize, rounds: usize) -> Vec<(usize, usize)> {
-    (0..rounds)
-        .flat_map(|r| {
-            let order: Vec<usize> = if r % 2 == 0 {
-                (0..targets).collect()
-            } else {
-                (0..targets).rev().collect()
-            };
-            order.into_iter().map(move |t| (r, t))
-        })
-        .collect()
+/// ABBA order: the `k`-th pass of a workload over the targets runs them forward when `k` is
+/// even, backward when it is odd.
+fn abba(targets: usize, k: usize) -> Vec<usize> {
+    if k % 2 == 0 {
+        (0..targets).collect()
+    } else {
+        (0..targets).rev().collect()
+    }
 }
 
 struct Launched {
@@ -114,22 +110,44 @@ impl Launched {
     }
 }
 
-fn run_one(
-    cfg: &Config,
-    t: &Target,
-    round: usize,
-    print_init: bool,
-) -> Result<Vec<(String, bool, Sample)>, RunError> {
-    let launched = match &t.launch {
-        Some(cmd) => {
-            let _ = std::fs::remove_file(&t.socket);
-            Some(Launched::start(t, cmd)?)
-        }
-        None => None,
-    };
-    let result = (|| {
+/// One target, connected for a round: its daemon (when the bench launches it) and the
+/// backend the workloads drive.
+struct Open {
+    conn: Conn,
+    launched: Option<Launched>,
+}
+
+enum Conn {
+    Fuse(FuseSession),
+    Floor(FloorBackend),
+}
+
+impl Open {
+    /// Launch (if configured) and connect target `t`; the first time, print what it offers.
+    fn start(cfg: &Config, t: &Target, print_init: bool) -> Result<Self, RunError> {
+        let launched = match &t.launch {
+            Some(cmd) => {
+                let _ = std::fs::remove_file(&t.socket);
+                Some(Launched::start(t, cmd)?)
+            }
+            None => None,
+        };
+        // On an error `launched` is dropped here, which does not stop the child: stop it.
+        let conn = match Self::connect(cfg, t, print_init) {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(l) = launched {
+                    l.stop();
+                }
+                return Err(e);
+            }
+        };
+        Ok(Open { conn, launched })
+    }
+
+    fn connect(cfg: &Config, t: &Target, print_init: bool) -> Result<Conn, RunError> {
         if let Some(spec) = &t.floor {
-            let mut f = FloorBackend::connect(spec, cfg.session.max_io)
+            let f = FloorBackend::connect(spec, cfg.session.max_io)
                 .map_err(|e| RunError::Floor(t.name.clone(), e))?;
             if print_init {
                 println!(
@@ -140,9 +158,9 @@ fn run_one(
                     spec.root
                 );
             }
-            return run_workloads(cfg, t, round, &mut f);
+            return Ok(Conn::Floor(f));
         }
-        let mut s = FuseSession::connect(&t.socket, &cfg.session)
+        let s = FuseSession::connect(&t.socket, &cfg.session)
             .map_err(|e| RunError::Setup(t.name.clone(), e))?;
         if print_init {
             let i = &s.init;
@@ -162,33 +180,48 @@ fn run_one(
             );
             println!("# {}: {}", t.name, s.notify_note());
         }
-        let out = run_workloads(cfg, t, round, &mut s);
-        println!("# {}: round {round} virtqueue: {}", t.name, s.counters());
-        s.close();
-        out
-    })();
-    if let Some(l) = launched {
-        l.stop();
+        Ok(Conn::Fuse(s))
     }
-    result
+
+    fn backend(&mut self) -> &mut dyn Backend {
+        match &mut self.conn {
+            Conn::Fuse(s) => s,
+            Conn::Floor(f) => f,
+        }
+    }
+
+    /// Disconnect (printing the round's virtqueue counters) and stop the launched daemon.
+    fn close(self, t: &Target, round: usize) {
+        if let Conn::Fuse(s) = self.conn {
+            println!("# {}: round {round} virtqueue: {}", t.name, s.counters());
+            s.close();
+        }
+        if let Some(l) = self.launched {
+            l.stop();
+        }
+    }
 }
 
-/// Setup, then every workload on one connected backend; prints one line per workload.
-fn run_workloads(
-    cfg: &Config,
-    t: &Target,
-    round: usize,
-    b: &mut dyn Backend,
-) -> Result<Vec<(String, bool, Sample)>, RunError> {
-    let mut params = cfg.params.clone();
-    params.seed = round as u64;
-    let notes = workload::setup(b, &params)
+/// The setup of one round on one connected backend.
+fn setup(t: &Target, params: &workload::Params, b: &mut dyn Backend) -> Result<(), RunError> {
+    let notes = workload::setup(b, params)
         .map_err(|e| RunError::Workload(t.name.clone(), "setup".into(), e))?;
     for n in notes {
         println!("# {}: {n}", t.name);
     }
-    // MDS request counter of the target's libcephfs client; a failing read is reported once
-    // and the column stays empty.
+    Ok(())
+}
+
+/// One workload on one connected backend; prints one line.
+fn run_workload(
+    t: &Target,
+    round: usize,
+    w: workload::Workload,
+    params: &workload::Params,
+    b: &mut dyn Backend,
+) -> Result<Sample, RunError> {
+    // MDS request counter of the target's libcephfs client; a failing read is reported and
+    // the column stays empty.
     let warned = std::cell::Cell::new(false);
     let probe = || {
         let path = t.admin_socket.as_ref()?;
@@ -202,57 +235,83 @@ fn run_workloads(
             }
         }
     };
-    let mut out = Vec::new();
-    {
-        let b = &mut *b;
-        for w in &cfg.workloads {
-            let sample = workload::run(b, *w, &params, &probe)
-                .map_err(|e| RunError::Workload(t.name.clone(), w.name(), e))?;
-            let thr = if w.is_bandwidth() {
-                format!(
-                    "{:.1} MiB/s",
-                    sample.bytes as f64 / 1_048_576.0 / sample.wall.as_secs_f64().max(1e-9)
-                )
-            } else {
-                format!(
-                    "{:.0} ops/s",
-                    sample.ops as f64 / sample.wall.as_secs_f64().max(1e-9)
-                )
-            };
-            let errs = match &sample.first_error {
-                Some(e) => format!(", {} errors (first: {e})", sample.errors),
-                None => String::new(),
-            };
-            let mds = match sample.mds_requests {
-                Some(m) => format!(
-                    ", {m} MDS requests ({:.4}/op)",
-                    m as f64 / (sample.ops.max(1)) as f64
-                ),
-                None => String::new(),
-            };
-            println!(
-                "round {round} {:<14} {:<16} {thr}{mds}{errs}",
-                t.name,
-                w.name()
-            );
-            out.push((w.name(), w.is_bandwidth(), sample));
+    let sample = workload::run(b, w, params, &probe)
+        .map_err(|e| RunError::Workload(t.name.clone(), w.name(), e))?;
+    let thr = if w.is_bandwidth() {
+        format!(
+            "{:.1} MiB/s",
+            sample.bytes as f64 / 1_048_576.0 / sample.wall.as_secs_f64().max(1e-9)
+        )
+    } else {
+        format!(
+            "{:.0} ops/s",
+            sample.ops as f64 / sample.wall.as_secs_f64().max(1e-9)
+        )
+    };
+    let errs = match &sample.first_error {
+        Some(e) => format!(", {} errors (first: {e})", sample.errors),
+        None => String::new(),
+    };
+    let mds = match sample.mds_requests {
+        Some(m) => format!(
+            ", {m} MDS requests ({:.4}/op)",
+            m as f64 / (sample.ops.max(1)) as f64
+        ),
+        None => String::new(),
+    };
+    println!(
+        "round {round} {:<14} {:<16} {thr}{mds}{errs}",
+        t.name,
+        w.name()
+    );
+    Ok(sample)
+}
+
+/// One round: every target started and set up, then each workload on every target in turn,
+/// the order reversed from one workload to the next (ABBA), so that the runs compared with
+/// each other are close in time whatever else the machine is doing.
+fn run_round(
+    cfg: &Config,
+    round: usize,
+    seen: &mut [bool],
+    all: &mut Vec<(usize, String, String, bool, Sample)>,
+) -> Result<(), RunError> {
+    let mut params = cfg.params.clone();
+    params.seed = round as u64;
+    let mut open: Vec<(&Target, Open)> = Vec::new();
+    let result = (|| {
+        for (ti, t) in cfg.targets.iter().enumerate() {
+            let first = seen.get(ti).is_some_and(|s| !s);
+            if let Some(s) = seen.get_mut(ti) {
+                *s = true;
+            }
+            let mut o = Open::start(cfg, t, first)?;
+            let r = setup(t, &params, o.backend());
+            open.push((t, o));
+            r?;
         }
+        for (wi, w) in cfg.workloads.iter().enumerate() {
+            for ti in abba(open.len(), round * cfg.workloads.len() + wi) {
+                let Some((t, o)) = open.get_mut(ti) else {
+                    continue;
+                };
+                let sample = run_workload(t, round, *w, &params, o.backend())?;
+                all.push((round, t.name.clone(), w.name(), w.is_bandwidth(), sample));
+            }
+        }
+        Ok(())
+    })();
+    for (t, o) in open {
+        o.close(t, round);
     }
-    Ok(out)
+    result
 }
 
 fn run(cfg: &Config) -> Result<bool, RunError> {
     let mut all: Vec<(usize, String, String, bool, Sample)> = Vec::new();
     let mut seen = vec![false; cfg.targets.len()];
-    for (round, ti) in abba(cfg.targets.len(), cfg.rounds) {
-        let Some(t) = cfg.targets.get(ti) else {
-            continue;
-        };
-        let first = !seen[ti];
-        seen[ti] = true;
-        for (w, bw, s) in run_one(cfg, t, round, first)? {
-            all.push((round, t.name.clone(), w, bw, s));
-        }
+    for round in 0..cfg.rounds {
+        run_round(cfg, round, &mut seen, &mut all)?;
     }
     let mut rows = Vec::new();
     for w in &cfg.workloads {
@@ -335,9 +394,9 @@ mod tests {
 
     #[test]
     fn abba_order() {
-        let o: Vec<usize> = abba(2, 4).into_iter().map(|(_, t)| t).collect();
+        let o: Vec<usize> = (0..4).flat_map(|k| abba(2, k)).collect();
         assert_eq!(o, vec![0, 1, 1, 0, 0, 1, 1, 0]);
-        let o: Vec<usize> = abba(3, 2).into_iter().map(|(_, t)| t).collect();
+        let o: Vec<usize> = (0..2).flat_map(|k| abba(3, k)).collect();
         assert_eq!(o, vec![0, 1, 2, 2, 1, 0]);
     }
 }
