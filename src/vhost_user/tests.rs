@@ -249,8 +249,12 @@ impl<'a> Driver<'a> {
 }
 
 fn request<T: ByteValued>(opcode: u32, unique: u64, nodeid: u64, body: T) -> Vec<u8> {
+    request_bytes(opcode, unique, nodeid, body.as_slice())
+}
+
+fn request_bytes(opcode: u32, unique: u64, nodeid: u64, body: &[u8]) -> Vec<u8> {
     let header = InHeader {
-        len: u32::try_from(size_of::<InHeader>() + size_of::<T>()).unwrap_or(0),
+        len: u32::try_from(size_of::<InHeader>() + body.len()).unwrap_or(0),
         opcode,
         unique,
         nodeid,
@@ -260,26 +264,14 @@ fn request<T: ByteValued>(opcode: u32, unique: u64, nodeid: u64, body: T) -> Vec
         padding: 0,
     };
     let mut bytes = header.as_slice().to_vec();
-    bytes.extend_from_slice(body.as_slice());
+    bytes.extend_from_slice(body);
     bytes
 }
 
 fn lookup_request(unique: u64, name: &str) -> Vec<u8> {
     let mut name = name.as_bytes().to_vec();
     name.push(0);
-    let header = InHeader {
-        len: u32::try_from(size_of::<InHeader>() + name.len()).unwrap_or(0),
-        opcode: FUSE_LOOKUP,
-        unique,
-        nodeid: ROOT_ID,
-        uid: 1000,
-        gid: 1000,
-        pid: 42,
-        padding: 0,
-    };
-    let mut bytes = header.as_slice().to_vec();
-    bytes.extend_from_slice(&name);
-    bytes
+    request_bytes(FUSE_LOOKUP, unique, ROOT_ID, &name)
 }
 
 fn init_request(unique: u64) -> Vec<u8> {
