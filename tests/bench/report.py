@@ -37,6 +37,28 @@ for r in data["summary"]:
         order.append(r["workload"])
 
 
+# Per round: (workload, target) -> throughput of that round.
+per_round = {}
+for r in data.get("rounds", []):
+    wall = r["wall_s"] or 1e-9
+    v = r["bytes"] / 1048576 / wall if r["workload"] in BW else r["ops"] / wall
+    per_round.setdefault((r["workload"], r["target"]), {})[r["round"]] = v
+
+
+def pairs(w, a, b):
+    """Ratios a/b of the rounds both ran: within a round they run next to each other."""
+    ra, rb = per_round.get((w, a), {}), per_round.get((w, b), {})
+    return [ra[k] / rb[k] for k in sorted(ra) if k in rb and rb[k]]
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    if n == 0:
+        return None
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
 def thr(w, t):
     r = rows.get((w, t))
     if r is None:
@@ -103,6 +125,16 @@ for w in order:
         f"{fmt_mds(w, 'ours')} · {fmt_mds(w, 'peer')} · {fmt_mds(w, 'floor')} | {tgt} | {met} |"
     )
     plot.append((w, rp, rf))
+
+md.append("")
+md.append("ours/floor round by round (within a round the two run next to each other, so each "
+          "ratio compares runs seconds apart; the table above compares medians over rounds):\n")
+md.append("| workload | ours/floor per round | median |")
+md.append("|---|---|---:|")
+for w in order:
+    pr = pairs(w, "ours", "floor")
+    if pr:
+        md.append(f"| {w} | {', '.join(f'{x:.2f}' for x in pr)} | {fmt_r(median(pr))} |")
 
 storm = [w for w in order if w.startswith("stat-storm-")]
 if storm:
