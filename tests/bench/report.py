@@ -218,11 +218,11 @@ set style histogram cluster gap 1
 set style fill solid 0.8 border -1
 set boxwidth 0.9
 set logscale y 2
-set yrange [0.0078125:32]
+set yrange [0.125:512]
 set ylabel "ratio (log scale, higher is better)"
 set grid ytics
 set xtics rotate by -30
-set key top left
+set key outside bottom center horizontal
 f(x) = 1
 plot "{dat}" using 2:xtic(1) title "ours / peer", "" using 3 title "ours / floor", 1 with lines lw 2 dt 2 lc rgb "black" title "1x"
 """)
