@@ -73,11 +73,6 @@ impl AdaptivePoll {
         self.window
     }
 
-    /// The largest window.
-    pub fn max(&self) -> Duration {
-        self.max
-    }
-
     /// Start from `window` (at most the maximum), as after a run of short waits.
     pub fn with_window(mut self, window: Duration) -> Self {
         self.window = window.min(self.max);

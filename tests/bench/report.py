@@ -4,6 +4,7 @@ bench's OUT/bench.json, OUT/bench.log and OUT/meta.env. Called by tests/bench/ru
 Only the Python standard library is used."""
 
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -49,14 +50,6 @@ def pairs(w, a, b):
     """Ratios a/b of the rounds both ran: within a round they run next to each other."""
     ra, rb = per_round.get((w, a), {}), per_round.get((w, b), {})
     return [ra[k] / rb[k] for k in sorted(ra) if k in rb and rb[k]]
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    if n == 0:
-        return None
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def thr(w, t):
@@ -134,7 +127,7 @@ md.append("|---|---|---:|")
 for w in order:
     pr = pairs(w, "ours", "floor")
     if pr:
-        md.append(f"| {w} | {', '.join(f'{x:.2f}' for x in pr)} | {fmt_r(median(pr))} |")
+        md.append(f"| {w} | {', '.join(f'{x:.2f}' for x in pr)} | {fmt_r(statistics.median(pr))} |")
 
 storm = [w for w in order if w.startswith("stat-storm-")]
 if storm:
