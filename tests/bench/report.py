@@ -180,7 +180,7 @@ md.append("Latencies in µs (from placing a request on the avail ring to taking 
           "ring; for the floor, the libcephfs call). One op: walk = LOOKUP per component + "
           "GETATTR of the leaf; open-close = OPEN+RELEASE; create-unlink = CREATE+RELEASE+UNLINK; "
           "readdir5000 = OPENDIR + READDIRPLUS pages + RELEASEDIR; randwrite4k = one 4 KiB O_DIRECT WRITE "
-          "(64 in flight, FUSE_WRITE_KILL_SUIDGID); seq = one 1 MiB WRITE (buffered) / READ (O_DIRECT); stat-storm-N = one "
+          "(64 in flight, FUSE_WRITE_KILL_SUIDGID); seq = one 1 MiB WRITE (buffered; the pass ends with an FSYNC, counted in its throughput, not in the latencies) / READ (O_DIRECT); stat-storm-N = one "
           "GETATTR, N streams. MDS req/op: libcephfs perf counter `client.reply` (one per MDS "
           "reply to a metadata request of that client) read through the client's admin socket, "
           "per operation; pipelined workloads count only their timed part.\n")

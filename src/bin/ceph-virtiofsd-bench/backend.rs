@@ -80,6 +80,11 @@ pub enum Op {
         offset: u64,
         len: u32,
     },
+    /// Writes the file's dirty data back (FSYNC, not datasync).
+    Fsync {
+        node: u64,
+        fh: u64,
+    },
     /// Truncates/extends through SETATTR(size).
     Truncate {
         node: u64,

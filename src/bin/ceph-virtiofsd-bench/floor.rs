@@ -188,9 +188,13 @@ fn shared_op(
             let n = f.read(*offset, out).map_err(errno("READ"))?;
             Ok(Reply::Data(u32::try_from(n).unwrap_or(u32::MAX)))
         }
+        Op::Fsync { fh, .. } => {
+            let f = file(*fh, "FSYNC")?;
+            f.fsync(false).map(|_| Reply::Empty).map_err(errno("FSYNC"))
+        }
         _ => Err(OpError::Malformed {
             op: "pipeline",
-            why: format!("the floor backend pipelines only GETATTR/READ/WRITE, not {op:?}"),
+            why: format!("the floor backend pipelines only GETATTR/READ/WRITE/FSYNC, not {op:?}"),
         }),
     }
 }
@@ -425,7 +429,7 @@ impl Backend for FloorBackend {
                     .map_err(errno("SETATTR"))?;
                 Ok(Reply::Empty)
             }
-            op @ (Op::Getattr { .. } | Op::Write { .. } | Op::Read { .. }) => {
+            op @ (Op::Getattr { .. } | Op::Write { .. } | Op::Read { .. } | Op::Fsync { .. }) => {
                 let mut buf = std::mem::take(&mut self.buf);
                 let r = shared_op(
                     &self.mount,

@@ -2,9 +2,9 @@
 //! replies can be tested without a daemon). Nothing here knows about virtqueues.
 
 use fuse_backend_rs::abi::fuse_abi::{
-    Attr, AttrOut, BatchForgetIn, CreateIn, Dirent, EntryOut, ForgetOne, GetattrIn, InHeader,
-    InitIn, InitIn2, InitOut, MkdirIn, MknodIn, OpenIn, OpenOut, OutHeader, ReadIn, ReleaseIn,
-    SetattrIn, WriteIn, WriteOut,
+    Attr, AttrOut, BatchForgetIn, CreateIn, Dirent, EntryOut, ForgetOne, FsyncIn, GetattrIn,
+    InHeader, InitIn, InitIn2, InitOut, MkdirIn, MknodIn, OpenIn, OpenOut, OutHeader, ReadIn,
+    ReleaseIn, SetattrIn, WriteIn, WriteOut,
 };
 use vm_memory::ByteValued;
 
@@ -20,6 +20,7 @@ pub const FUSE_OPEN: u32 = 14;
 pub const FUSE_READ: u32 = 15;
 pub const FUSE_WRITE: u32 = 16;
 pub const FUSE_RELEASE: u32 = 18;
+pub const FUSE_FSYNC: u32 = 20;
 pub const FUSE_INIT: u32 = 26;
 pub const FUSE_OPENDIR: u32 = 27;
 pub const FUSE_RELEASEDIR: u32 = 29;
@@ -400,6 +401,21 @@ pub fn encode(op: &Op, unique: u64, ctx: Ctx) -> Encoded {
                 BARE + len,
             )
         }
+        Op::Fsync { node, fh } => {
+            let a = FsyncIn {
+                fh: *fh,
+                fsync_flags: 0,
+                padding: 0,
+            };
+            (
+                FUSE_FSYNC,
+                "FSYNC",
+                *node,
+                vec![a.as_slice().to_vec()],
+                0,
+                BARE,
+            )
+        }
         Op::Truncate { node, size } => {
             let a = SetattrIn {
                 valid: FATTR_SIZE,
@@ -732,6 +748,20 @@ mod tests {
             FUSE_WRITE_KILL_SUIDGID
         );
         assert_eq!(e.data_len, 4096);
+    }
+
+    #[test]
+    fn fsync_names_the_handle_and_expects_a_bare_reply() {
+        let e = encode(&Op::Fsync { node: 5, fh: 9 }, 3, Ctx::ROOT);
+        let h: InHeader = read_obj("t", &e.bytes, "h").expect("header");
+        assert_eq!(
+            (h.len as usize, h.opcode, h.nodeid),
+            (IN_HDR + std::mem::size_of::<FsyncIn>(), FUSE_FSYNC, 5)
+        );
+        let f: FsyncIn = read_obj("t", &e.bytes[IN_HDR..], "f").expect("fsyncin");
+        assert_eq!((f.fh, f.fsync_flags), (9, 0));
+        assert_eq!((e.data_len, e.reply_len), (0, BARE));
+        assert_eq!(decode(FUSE_FSYNC, "FSYNC", &[]).ok(), Some(Reply::Empty));
     }
 
     #[test]
