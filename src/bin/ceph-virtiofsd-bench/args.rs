@@ -94,8 +94,10 @@ pub struct Args {
     pub randwrite_depth: usize,
     #[arg(long, default_value_t = 64)]
     pub randwrite_file_mib: u64,
-    /// Bytes per seqwrite1m/seqread1m pass, in MiB.
-    #[arg(long, default_value_t = 256)]
+    /// Bytes per seqwrite1m/seqread1m pass, in MiB. The default is five times libcephfs's
+    /// object cache (client_oc_size, 200 MiB), so that a write pass measures the flow to the
+    /// OSDs rather than the cache filling.
+    #[arg(long, default_value_t = 1024)]
     pub seq_mib: u64,
     #[arg(long, default_value_t = 4)]
     pub seq_depth: usize,
