@@ -38,18 +38,41 @@ for r in data["summary"]:
         order.append(r["workload"])
 
 
-# Per round: (workload, target) -> throughput of that round.
-per_round = {}
-for r in data.get("rounds", []):
-    wall = r["wall_s"] or 1e-9
-    v = r["bytes"] / 1048576 / wall if r["workload"] in BW else r["ops"] / wall
-    per_round.setdefault((r["workload"], r["target"]), {})[r["round"]] = v
+def rounds_of(d):
+    """(workload, target) -> {round: throughput of that round}."""
+    out = {}
+    for r in d.get("rounds", []):
+        wall = r["wall_s"] or 1e-9
+        v = r["bytes"] / 1048576 / wall if r["workload"] in BW else r["ops"] / wall
+        out.setdefault((r["workload"], r["target"]), {})[r["round"]] = v
+    return out
 
 
-def pairs(w, a, b):
+per_round = rounds_of(data)
+
+
+def pairs(w, a, b, rounds=per_round):
     """Ratios a/b of the rounds both ran: within a round they run next to each other."""
-    ra, rb = per_round.get((w, a), {}), per_round.get((w, b), {})
+    ra, rb = rounds.get((w, a), {}), rounds.get((w, b), {})
     return [ra[k] / rb[k] for k in sorted(ra) if k in rb and rb[k]]
+
+
+# The floor pass (tests/bench/run --floor-rounds): ours and the floor alone, more rounds.
+floor_file = OUT / "bench-floor.json"
+floor_data = json.loads(floor_file.read_text()) if floor_file.exists() else None
+floor_rounds = rounds_of(floor_data) if floor_data else {}
+floor_summary = ({(r["workload"], r["target"]): r for r in floor_data["summary"]}
+                 if floor_data else {})
+floor_order = []
+for r in floor_data["summary"] if floor_data else []:
+    if r["workload"] not in floor_order:
+        floor_order.append(r["workload"])
+
+
+def paired_floor(w):
+    """Median of the floor pass's per-round ours/floor ratios, or None."""
+    pr = pairs(w, "ours", "floor", floor_rounds)
+    return statistics.median(pr) if pr else None
 
 
 def thr(w, t):
@@ -112,13 +135,25 @@ for w in order:
     rp, rf = ratio(o, p), ratio(o, f)
     mds_o = rows.get((w, "ours"), {}).get("mds_per_op")
     tgt, ok = TARGETS.get(w, ("", None))
-    met = "" if ok is None else ("yes" if ok(rp, rf, mds_o) else "**no**")
+    judged = paired_floor(w) if "floor" in tgt else None
+    if ok is None:
+        met = ""
+    elif judged is not None:
+        met = f"{'yes' if ok(rp, judged, mds_o) else '**no**'} ({judged:.2f}× paired)"
+    else:
+        met = "yes" if ok(rp, rf, mds_o) else "**no**"
+
     md.append(
         f"| {w} | {fmt_thr(w, o)} | {fmt_thr(w, p)} | {fmt_thr(w, f)} | {fmt_r(rp)} | {fmt_r(rf)} | "
         f"{fmt_mds(w, 'ours')} · {fmt_mds(w, 'peer')} · {fmt_mds(w, 'floor')} | {tgt} | {met} |"
     )
     plot.append((w, rp, rf))
 
+if floor_data:
+    md.append("")
+    md.append("Targets relative to the floor are judged on the floor pass below (\"paired\": the "
+              "median of its per-round ours/floor ratios); the ours/floor column is the ratio of "
+              "this run's medians.")
 md.append("")
 md.append("ours/floor round by round (within a round the two run next to each other, so each "
           "ratio compares runs seconds apart; the table above compares medians over rounds):\n")
@@ -174,6 +209,34 @@ md.append("Caveats: the bench, the daemons and the cluster share the machine's c
           "ceph-fuse mount stays up for the whole run (as it would on a host). Each variant "
           "works in its own subtree (/ours, /peer, /floor), populated the same way by the "
           "bench's setup.")
+if floor_data:
+    n = meta.get("floor_rounds", "?")
+    md.append("")
+    md.append(f"## ours against the floor alone, {n} rounds\n")
+    md.append("The workloads whose target is a ratio to the floor, run again on ours and the "
+              f"floor only (`tests/bench/run --floor-rounds {n}`, `bench-floor.log`). The two "
+              "alternate which goes first from round to round, and each round gives one paired "
+              "ratio: a burst of load on the shared machine, or the cluster's state, hits both "
+              "sides of a pair and not the next pair. On this kind of machine one pass swings by "
+              "20–30 %, more than the 10 % the target is about; the median of the paired ratios "
+              "is what the headline judges, the middle half shows the spread.\n")
+    md.append("| workload | ours | floor | ours/floor per round | median | middle half | target | met |")
+    md.append("|---|---:|---:|---|---:|---|---|---|")
+    for w in floor_order:
+        pr = pairs(w, "ours", "floor", floor_rounds)
+        if not pr:
+            continue
+        med = statistics.median(pr)
+        q = statistics.quantiles(pr, n=4) if len(pr) >= 2 else [med, med, med]
+        o = floor_summary.get((w, "ours"), {})
+        f = floor_summary.get((w, "floor"), {})
+        key = "mib_per_s" if w in BW else "ops_per_s"
+        tgt, ok = TARGETS.get(w, ("", None))
+        met = "" if ok is None else ("yes" if ok(None, med, o.get("mds_per_op")) else "**no**")
+        md.append(f"| {w} | {fmt_thr(w, o.get(key))} | {fmt_thr(w, f.get(key))} | "
+                  f"{', '.join(f'{x:.2f}' for x in pr)} | {fmt_r(med)} | "
+                  f"{q[0]:.2f}–{q[2]:.2f}× | {tgt} | {met} |")
+
 md.append("")
 md.append("## Full table\n")
 md.append("Latencies in µs (from placing a request on the avail ring to taking it off the used "

@@ -70,6 +70,14 @@ fn abba(targets: usize, k: usize) -> Vec<usize> {
     }
 }
 
+/// The pass number `abba` takes for workload `wi` of `workloads` in `round`. Consecutive
+/// workloads of a round alternate direction, and so does one workload from round to round: the
+/// stride between rounds is odd (with an even number of workloads, `round * workloads + wi`
+/// would run each workload in the same direction every round).
+fn pass_index(round: usize, workloads: usize, wi: usize) -> usize {
+    round * (workloads | 1) + wi
+}
+
 struct Launched {
     child: Child,
 }
@@ -291,7 +299,7 @@ fn run_round(
             r?;
         }
         for (wi, w) in cfg.workloads.iter().enumerate() {
-            for ti in abba(open.len(), round * cfg.workloads.len() + wi) {
+            for ti in abba(open.len(), pass_index(round, cfg.workloads.len(), wi)) {
                 let Some((t, o)) = open.get_mut(ti) else {
                     continue;
                 };
@@ -398,5 +406,17 @@ mod tests {
         assert_eq!(o, vec![0, 1, 1, 0, 0, 1, 1, 0]);
         let o: Vec<usize> = (0..2).flat_map(|k| abba(3, k)).collect();
         assert_eq!(o, vec![0, 1, 2, 2, 1, 0]);
+    }
+
+    #[test]
+    fn every_workload_alternates_direction_between_rounds() {
+        for workloads in 1..=6 {
+            for wi in 0..workloads {
+                let dirs: Vec<usize> = (0..4)
+                    .map(|round| abba(2, pass_index(round, workloads, wi))[0])
+                    .collect();
+                assert_eq!(dirs, [0, 1, 0, 1].map(|d| d ^ (wi % 2)), "{workloads} {wi}");
+            }
+        }
     }
 }
