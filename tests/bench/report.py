@@ -30,12 +30,17 @@ TARGETS = {
     "seqread1m": ("≥ 0.9× floor", lambda p, f, m: f is not None and f >= 0.9),
 }
 
-rows = {}
-order = []
-for r in data["summary"]:
-    rows[(r["workload"], r["target"])] = r
-    if r["workload"] not in order:
-        order.append(r["workload"])
+def summary_of(d):
+    """(workload, target) -> summary row, and the workloads in the order they ran."""
+    summary, workloads = {}, []
+    for r in d["summary"]:
+        summary[(r["workload"], r["target"])] = r
+        if r["workload"] not in workloads:
+            workloads.append(r["workload"])
+    return summary, workloads
+
+
+rows, order = summary_of(data)
 
 
 def rounds_of(d):
@@ -61,12 +66,7 @@ def pairs(w, a, b, rounds=per_round):
 floor_file = OUT / "bench-floor.json"
 floor_data = json.loads(floor_file.read_text()) if floor_file.exists() else None
 floor_rounds = rounds_of(floor_data) if floor_data else {}
-floor_summary = ({(r["workload"], r["target"]): r for r in floor_data["summary"]}
-                 if floor_data else {})
-floor_order = []
-for r in floor_data["summary"] if floor_data else []:
-    if r["workload"] not in floor_order:
-        floor_order.append(r["workload"])
+floor_rows, floor_order = summary_of(floor_data) if floor_data else ({}, [])
 
 
 def paired_floor(w):
@@ -75,8 +75,8 @@ def paired_floor(w):
     return statistics.median(pr) if pr else None
 
 
-def thr(w, t):
-    r = rows.get((w, t))
+def thr(w, t, summary=rows):
+    r = summary.get((w, t))
     if r is None:
         return None
     return r["mib_per_s"] if w in BW else r["ops_per_s"]
@@ -180,13 +180,9 @@ if storm:
 
 mq_file = OUT / "bench-mq.json"
 if mq_file.exists():
-    mq = {(r["workload"], r["target"]): r for r in json.loads(mq_file.read_text())["summary"]}
+    mq, _ = summary_of(json.loads(mq_file.read_text()))
     mq_storm = sorted({w for (w, _) in mq if w.startswith("stat-storm-")},
                       key=lambda w: int(w.rsplit("-", 1)[-1]))
-
-    def mq_thr(w, t):
-        r = mq.get((w, t))
-        return None if r is None else r["ops_per_s"]
 
     n = meta.get("mq", "?")
     md.append("")
@@ -197,8 +193,8 @@ if mq_file.exists():
     md.append("| streams | ours | floor | ours/floor |")
     md.append("|---:|---:|---:|---:|")
     for w in mq_storm:
-        o, f = mq_thr(w, "ours"), mq_thr(w, "floor")
-        cells = [f"{fmt_thr(w, v)} ({fmt_r(ratio(v, mq_thr('stat-storm-1', t)))})"
+        o, f = thr(w, "ours", mq), thr(w, "floor", mq)
+        cells = [f"{fmt_thr(w, v)} ({fmt_r(ratio(v, thr('stat-storm-1', t, mq)))})"
                  for v, t in ((o, "ours"), (f, "floor"))]
         md.append(f"| {w.rsplit('-', 1)[-1]} | {cells[0]} | {cells[1]} | {fmt_r(ratio(o, f))} |")
 
@@ -228,12 +224,11 @@ if floor_data:
             continue
         med = statistics.median(pr)
         q = statistics.quantiles(pr, n=4) if len(pr) >= 2 else [med, med, med]
-        o = floor_summary.get((w, "ours"), {})
-        f = floor_summary.get((w, "floor"), {})
-        key = "mib_per_s" if w in BW else "ops_per_s"
+        mds_o = floor_rows.get((w, "ours"), {}).get("mds_per_op")
         tgt, ok = TARGETS.get(w, ("", None))
-        met = "" if ok is None else ("yes" if ok(None, med, o.get("mds_per_op")) else "**no**")
-        md.append(f"| {w} | {fmt_thr(w, o.get(key))} | {fmt_thr(w, f.get(key))} | "
+        met = "" if ok is None else ("yes" if ok(None, med, mds_o) else "**no**")
+        md.append(f"| {w} | {fmt_thr(w, thr(w, 'ours', floor_rows))} | "
+                  f"{fmt_thr(w, thr(w, 'floor', floor_rows))} | "
                   f"{', '.join(f'{x:.2f}' for x in pr)} | {fmt_r(med)} | "
                   f"{q[0]:.2f}–{q[2]:.2f}× | {tgt} | {met} |")
 
