@@ -308,7 +308,8 @@ where
                         }
                     }
                 }
-                _ => self.serve(pending, vring, queue),
+                // No choice to make, so nothing to time.
+                _ => pending.serve(&self.inner.server, vring, queue, None),
             }
         }
         if let Some(p) = last {
@@ -316,16 +317,18 @@ where
         }
     }
 
+    /// Serve a `Dispatch::Quick` request here, timing it for `cost`.
     fn serve(&self, p: Pending, vring: &Vring, queue: usize) {
-        p.serve(&self.inner.server, vring, queue, &self.inner.cost);
+        p.serve(&self.inner.server, vring, queue, Some(&self.inner.cost));
     }
 
     fn submit(&self, pool: &WorkerPool, vring: &Vring, p: Pending, queue: usize, waits: bool) {
         let server = self.inner.server.clone();
-        let cost = self.inner.cost.clone();
+        // Only Quick kinds consult their cost; the others go to a worker whatever it is.
+        let cost = (Dispatch::of(p.opcode) == Dispatch::Quick).then(|| self.inner.cost.clone());
         let vring = vring.clone();
         pool.submit(
-            Box::new(move || p.serve(&server, &vring, queue, &cost)),
+            Box::new(move || p.serve(&server, &vring, queue, cost.as_deref())),
             waits,
         );
     }
@@ -461,13 +464,16 @@ struct Pending {
 }
 
 impl Pending {
-    fn serve<F>(self, server: &FuseServer<F>, vring: &Vring, queue: usize, cost: &ServeCost)
+    /// Serve the request and give it back; with `cost`, account how long that took.
+    fn serve<F>(self, server: &FuseServer<F>, vring: &Vring, queue: usize, cost: Option<&ServeCost>)
     where
         F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
     {
-        let start = Instant::now();
+        let start = cost.map(|_| Instant::now());
         complete_chain(server, vring, &self.guard, self.chain, queue);
-        cost.record(self.opcode, start.elapsed());
+        if let (Some(cost), Some(start)) = (cost, start) {
+            cost.record(self.opcode, start.elapsed());
+        }
         drop(self.depth);
         drop(self.in_flight);
     }

@@ -8,7 +8,8 @@
 //! batch behind them goes on meanwhile. Which ones wait is learnt, per opcode, from how long
 //! they have recently taken: an exponentially weighted mean of the serve time, updated by
 //! whichever thread served the request (lock-free; a racing update may be lost, which only
-//! delays the mean by one sample).
+//! delays the mean by one sample). Only the kinds this choice is made for are timed: not data
+//! requests and SETLKW, and nothing without a worker pool or on the hiprio queue.
 //!
 //! The rules, where a request of a batch runs (see `drain_queue`):
 //! - data requests and SETLKW go to a worker, whatever their cost (`Dispatch`);
