@@ -25,9 +25,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ceph_client::{
-    Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_CTIME, CEPH_SETATTR_GID,
-    CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME, CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR,
-    CEPH_STATX_BASIC_STATS, CEPH_STATX_MODE,
+    Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_ATIME_NOW, CEPH_SETATTR_CTIME,
+    CEPH_SETATTR_GID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME, CEPH_SETATTR_MTIME_NOW,
+    CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR, CEPH_STATX_BASIC_STATS, CEPH_STATX_MODE,
 };
 use fuse_backend_rs::abi::fuse_abi::{
     stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, FOPEN_IN_KILL_SUIDGID,
@@ -71,6 +71,13 @@ pub enum Handle {
 #[derive(Debug)]
 pub struct OpenFile {
     file: File,
+    /// For a guest's O_DIRECT descriptor open for writing: a second libcephfs handle of the
+    /// same inode, opened O_DSYNC instead of O_DIRECT, through which its writes go. libcephfs
+    /// writes O_DIRECT data straight to the OSDs and leaves whatever its object cache holds of
+    /// that range in place, so later buffered reads would return the old bytes. An O_DSYNC
+    /// write goes into the cache and flushes exactly its range to the OSDs before returning:
+    /// on the OSDs when the guest is told it is done, and the cache never stale.
+    writer: Option<File>,
     /// Opened for writing: an ftruncate through it needs no further permission.
     writable: bool,
     /// POSIX locks were taken through this handle: FLUSH must release the owner's locks.
@@ -205,6 +212,81 @@ fn now() -> ceph_client::Timespec {
     }
 }
 
+/// The libcephfs setattr for a FUSE SETATTR: the attributes and the mask, with `now` for
+/// whatever the request leaves to the server to time:
+/// - `*_NOW` bits: libcephfs 16 ignores them in ll_setattr, so "now" is taken here;
+/// - a size change without a time (ftruncate(2), and O_TRUNC opens the kernel turns into
+///   SETATTR): Linux sets mtime and ctime to now. libcephfs does not, and when it grows a file
+///   locally under its exclusive cap it takes the mtime from the request as it stands (0).
+fn setattr_request(
+    attr: &stat64,
+    valid: SetattrValid,
+    now: ceph_client::Timespec,
+) -> io::Result<(Statx, u32)> {
+    let mut st = Statx::default();
+    let mut mask = 0;
+    if valid.contains(SetattrValid::MODE) {
+        mask |= CEPH_SETATTR_MODE;
+        st.stx_mode = (attr.st_mode & 0o7777) as u16;
+    }
+    if valid.contains(SetattrValid::UID) {
+        mask |= CEPH_SETATTR_UID;
+        st.stx_uid = attr.st_uid;
+    }
+    if valid.contains(SetattrValid::GID) {
+        mask |= CEPH_SETATTR_GID;
+        st.stx_gid = attr.st_gid;
+    }
+    if valid.contains(SetattrValid::SIZE) {
+        mask |= CEPH_SETATTR_SIZE;
+        st.stx_size = u64::try_from(attr.st_size).map_err(|_| errno(libc::EINVAL))?;
+    }
+    // A "now" keeps its *_NOW bit next to the time: libcephfs lets a non-owner with write
+    // permission set the times to now (utimensat's UTIME_NOW, truncate), only the owner set
+    // explicit ones.
+    let time = |now_bit, set_bit, tv_sec, tv_nsec| {
+        if valid.contains(now_bit) {
+            Some((now, true))
+        } else if valid.contains(set_bit) {
+            Some((ceph_client::Timespec { tv_sec, tv_nsec }, false))
+        } else {
+            None
+        }
+    };
+    if let Some((t, is_now)) = time(
+        SetattrValid::ATIME_NOW,
+        SetattrValid::ATIME,
+        attr.st_atime,
+        attr.st_atime_nsec,
+    ) {
+        mask |= CEPH_SETATTR_ATIME | if is_now { CEPH_SETATTR_ATIME_NOW } else { 0 };
+        st.stx_atime = t;
+    }
+    if let Some((t, is_now)) = time(
+        SetattrValid::MTIME_NOW,
+        SetattrValid::MTIME,
+        attr.st_mtime,
+        attr.st_mtime_nsec,
+    ) {
+        mask |= CEPH_SETATTR_MTIME | if is_now { CEPH_SETATTR_MTIME_NOW } else { 0 };
+        st.stx_mtime = t;
+    }
+    // CTIME has no "now" form.
+    if valid.contains(SetattrValid::CTIME) {
+        mask |= CEPH_SETATTR_CTIME;
+        st.stx_ctime = ceph_client::Timespec {
+            tv_sec: attr.st_ctime,
+            tv_nsec: attr.st_ctime_nsec,
+        };
+    }
+    // (libcephfs sets ctime itself on every change.)
+    if mask & CEPH_SETATTR_SIZE != 0 && mask & CEPH_SETATTR_MTIME == 0 {
+        mask |= CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW;
+        st.stx_mtime = now;
+    }
+    Ok((st, mask))
+}
+
 fn vino_of(st: &Statx) -> Vino {
     Vino {
         ino: st.stx_ino,
@@ -214,6 +296,13 @@ fn vino_of(st: &Statx) -> Vino {
 
 fn kind_of(st: &Statx) -> u32 {
     u32::from(st.stx_mode) & libc::S_IFMT
+}
+
+impl OpenFile {
+    /// The libcephfs handle writes go through.
+    fn for_write(&self) -> &File {
+        self.writer.as_ref().unwrap_or(&self.file)
+    }
 }
 
 impl CephFs {
@@ -435,6 +524,50 @@ impl CephFs {
         self.apply_kill(node, kill)
     }
 
+    /// Whether a setattr libcephfs refused with EPERM is one Linux allows, to be redone with
+    /// root credentials (`Ok(false)`: the EPERM stands), decided on the inode's current
+    /// attributes. The one case:
+    /// an owner's change of its file's group to one of its groups (POSIX). FUSE does not carry
+    /// supplementary groups, so libcephfs, which knows only the primary gid, refuses what the
+    /// guest kernel (virtiofs always mounts with `default_permissions`) has already checked
+    /// against the full group list. A uid in the request equal to the owner's (as chown(1)
+    /// sends it) changes nothing; a mode in it is the one chown must leave.
+    fn allowed_by_guest(
+        &self,
+        node: &Node,
+        st: &Statx,
+        mask: u32,
+        ctx: &Context,
+        perm: &ceph_client::UserPerm,
+    ) -> io::Result<bool> {
+        let cur = self.mount.getattr(&node.inode, WANT, 0, perm)?;
+        Ok(cur.stx_uid == ctx.uid
+            && mask & CEPH_SETATTR_GID != 0
+            && mask & !(CEPH_SETATTR_UID | CEPH_SETATTR_GID | CEPH_SETATTR_MODE) == 0
+            && (mask & CEPH_SETATTR_UID == 0 || st.stx_uid == cur.stx_uid))
+    }
+
+    /// Attributes for a reply about `node`, from libcephfs's cache unless a rename moved
+    /// entries in or out of it since: libcephfs 16 keeps the link count of the directory a
+    /// subdirectory left (`mkdir P Q P/d; mv P/d Q/d` left P at 3; the MDS has 2), so after a
+    /// rename both directories are fetched from the MDS once, when next asked for.
+    fn attrs(&self, node: &Node, perm: &ceph_client::UserPerm) -> io::Result<Statx> {
+        if node.take_entries_changed() {
+            // ll_getattr has no "force sync" in libcephfs 16 (AT_STATX_FORCE_SYNC is EINVAL);
+            // reading a directory-statistics vxattr makes libcephfs fetch the inode from the
+            // MDS whatever caps it holds, and the reply refreshes its cache.
+            let mut buf = [0u8; 32];
+            let root = self.perms.get(0, 0);
+            if let Err(e) = self
+                .mount
+                .getxattr(&node.inode, c"ceph.dir.subdirs", &mut buf, &root)
+            {
+                tracing::debug!(%e, ino = node.vino.ino, "refreshing a renamed-in directory");
+            }
+        }
+        Ok(self.mount.getattr(&node.inode, WANT, 0, perm)?)
+    }
+
     fn lookup_name(&self, parent: &Arc<Node>, name: &CStr, ctx: &Context) -> io::Result<Entry> {
         let perm = self.perm(ctx);
         let bytes = name.to_bytes();
@@ -449,6 +582,23 @@ impl CephFs {
         // A denied domain root: the reference is released, nothing enters the table.
         self.gate(domain, "lookup", ctx.uid)?;
         Ok(self.entry(domain, inode, &st))
+    }
+
+    /// The O_DSYNC twin of an O_DIRECT handle open for writing (see [`OpenFile::writer`]).
+    /// Opened with root credentials: the caller's open was already allowed, and a file
+    /// created with mode 0 stays writable through the descriptor that created it. libcephfs
+    /// opens it locally under the caps the first open got: no MDS request.
+    fn direct_writer(&self, node: &Node, oflags: i32) -> io::Result<Option<File>> {
+        if oflags & libc::O_DIRECT == 0 || oflags & libc::O_ACCMODE == libc::O_RDONLY {
+            return Ok(None);
+        }
+        let keep = libc::O_ACCMODE | libc::O_APPEND;
+        let flags = (oflags & keep) | libc::O_DSYNC;
+        Ok(Some(self.mount.open(
+            &node.inode,
+            flags,
+            &self.perms.get(0, 0),
+        )?))
     }
 
     fn open_options(&self, node: &Node, flags: u32) -> OpenOptions {
@@ -701,7 +851,7 @@ impl FileSystem for CephFs {
         _handle: Option<u64>,
     ) -> io::Result<(stat64, Duration)> {
         let node = self.node_op(inode, "getattr", ctx)?;
-        let st = self.mount.getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
+        let st = self.attrs(&node, &self.perm(ctx))?;
         Ok((to_stat(&st), self.policy.ttl(self.class(&node)).attr))
     }
 
@@ -723,92 +873,42 @@ impl FileSystem for CephFs {
             None => false,
         };
         let mut perm = self.perm(ctx);
-        let mut st = Statx::default();
-        let mut mask = 0;
-        if valid.contains(SetattrValid::MODE) {
-            mask |= CEPH_SETATTR_MODE;
-            st.stx_mode = (attr.st_mode & 0o7777) as u16;
-        }
-        if valid.contains(SetattrValid::UID) {
-            mask |= CEPH_SETATTR_UID;
-            st.stx_uid = attr.st_uid;
-        }
-        if valid.contains(SetattrValid::GID) {
-            mask |= CEPH_SETATTR_GID;
-            st.stx_gid = attr.st_gid;
-        }
-        if valid.contains(SetattrValid::SIZE) {
-            mask |= CEPH_SETATTR_SIZE;
-            st.stx_size = u64::try_from(attr.st_size).map_err(|_| errno(libc::EINVAL))?;
-        }
-        // libcephfs (Pacific) ignores the *_NOW bits of ll_setattr: "now" is taken here.
-        let now = now();
-        let time = |now_bit, set_bit, tv_sec, tv_nsec| {
-            if valid.contains(now_bit) {
-                Some(now)
-            } else if valid.contains(set_bit) {
-                Some(ceph_client::Timespec { tv_sec, tv_nsec })
-            } else {
-                None
-            }
-        };
-        let atime = time(
-            SetattrValid::ATIME_NOW,
-            SetattrValid::ATIME,
-            attr.st_atime,
-            attr.st_atime_nsec,
-        );
-        if let Some(t) = atime {
-            mask |= CEPH_SETATTR_ATIME;
-            st.stx_atime = t;
-        }
-        let mtime = time(
-            SetattrValid::MTIME_NOW,
-            SetattrValid::MTIME,
-            attr.st_mtime,
-            attr.st_mtime_nsec,
-        );
-        if let Some(t) = mtime {
-            mask |= CEPH_SETATTR_MTIME;
-            st.stx_mtime = t;
-        }
-        // CTIME has no "now" form.
-        if valid.contains(SetattrValid::CTIME) {
-            mask |= CEPH_SETATTR_CTIME;
-            st.stx_ctime = ceph_client::Timespec {
-                tv_sec: attr.st_ctime,
-                tv_nsec: attr.st_ctime_nsec,
-            };
-        }
+        let (mut st, mut mask) = setattr_request(&attr, valid, now())?;
 
-        // SB_NOSEC contract: clear setuid/setgid in the same setattr when the guest flagged it
-        // (and did not set the mode explicitly), and drop security.capability on size or owner
-        // changes.
+        // Mode bits a chown or truncate must clear, or keep. SB_NOSEC contract: clear
+        // setuid/setgid in the same setattr when the guest flagged it (and did not set the mode
+        // explicitly), and drop security.capability on size or owner changes. And whatever the
+        // guest negotiated: the MDS clears setgid on every chown, also without group-execute,
+        // where Linux keeps it (it marks mandatory locking there, no privilege), so a chown of
+        // a file with special bits names the mode it must end with.
         let mut remove_caps = false;
-        if self.killpriv_on() && !node.is_dir() {
-            let size_or_owner =
-                mask & (CEPH_SETATTR_SIZE | CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
-            let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
-            if size_or_owner || flagged {
-                let cur = self.mount.getattr(&node.inode, CEPH_STATX_MODE, 0, &perm)?;
-                let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
-                    Trigger::Truncate
-                } else {
-                    Trigger::Chown
-                };
-                let kill = killpriv::decide(
-                    trigger,
-                    u32::from(cur.stx_mode),
-                    false,
-                    flagged && mask & CEPH_SETATTR_MODE == 0,
-                    size_or_owner && self.has_caps(&node, &perm),
-                );
-                if let Some(m) = kill.new_mode {
-                    mask |= CEPH_SETATTR_MODE;
-                    st.stx_mode = (m & 0o7777) as u16;
-                }
-                remove_caps = kill.remove_caps;
+        let owner_change = mask & (CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
+        let size_or_owner = owner_change || mask & CEPH_SETATTR_SIZE != 0;
+        let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
+        let killpriv = self.killpriv_on() && (size_or_owner || flagged);
+        if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || owner_change) {
+            let cur = u32::from(
+                self.mount
+                    .getattr(&node.inode, CEPH_STATX_MODE, 0, &perm)?
+                    .stx_mode,
+            );
+            let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
+                Trigger::Truncate
+            } else {
+                Trigger::Chown
+            };
+            let kill = if killpriv {
+                let has_caps = size_or_owner && self.has_caps(&node, &perm);
+                killpriv::decide(trigger, cur, false, flagged, has_caps)
+            } else {
+                Kill::default()
+            };
+            let special = cur & (libc::S_ISUID | libc::S_ISGID) != 0;
+            if let Some(m) = kill.new_mode.or((owner_change && special).then_some(cur)) {
+                mask |= CEPH_SETATTR_MODE;
+                st.stx_mode = (m & 0o7777) as u16;
             }
+            remove_caps = kill.remove_caps;
         }
 
         // ftruncate(2) needs only a descriptor open for writing, not write permission on the
@@ -821,19 +921,10 @@ impl FileSystem for CephFs {
         if mask != 0 {
             match self.mount.setattr(&node.inode, &st, mask, &perm) {
                 Ok(()) => {}
-                // POSIX lets an owner give a file to any group it belongs to. FUSE does not
-                // carry the caller's supplementary groups, so libcephfs, which only knows the
-                // primary gid, refuses what the guest kernel (virtiofs always mounts with
-                // default_permissions) has already checked against the full group list. The
-                // owner's group change is redone with root credentials; nothing else is.
-                Err(e)
-                    if e.errno() == libc::EPERM
-                        && mask & !(CEPH_SETATTR_GID | CEPH_SETATTR_MODE) == 0
-                        && mask & CEPH_SETATTR_GID != 0
-                        && ctx.uid != 0 =>
-                {
-                    let cur = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
-                    if cur.stx_uid != ctx.uid {
+                // libcephfs checks with the primary gid only and turns "now" into explicit
+                // times; some changes Linux allows it refuses. See `allowed_by_guest`.
+                Err(e) if e.errno() == libc::EPERM && ctx.uid != 0 => {
+                    if !self.allowed_by_guest(&node, &st, mask, ctx, &perm)? {
                         return Err(e.into());
                     }
                     self.mount
@@ -841,6 +932,13 @@ impl FileSystem for CephFs {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+        // libcephfs keeps explicit times of a directory as dirty caps and sends them to the
+        // MDS later, over the times the MDS gave the directory for the entries created or
+        // removed in it meanwhile (`touch -d 2001-01-01 D; mkdir D/x` left D at 2001): flush
+        // them now. One MDS round trip, for explicit directory times only.
+        if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
+            self.mount.sync_inode(&node.inode, false)?;
         }
         if remove_caps {
             self.apply_kill(
@@ -920,7 +1018,8 @@ impl FileSystem for CephFs {
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         names::check_name(name, Use::Change).map_err(errno)?;
         let parent = self.node_op(parent, "unlink", ctx)?;
-        Ok(self.mount.unlink(&parent.inode, name, &self.perm(ctx))?)
+        self.mount.unlink(&parent.inode, name, &self.perm(ctx))?;
+        Ok(())
     }
 
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
@@ -930,7 +1029,8 @@ impl FileSystem for CephFs {
         if self.names_denied_root(&parent, name, &perm) {
             return Err(errno(libc::EACCES));
         }
-        Ok(self.mount.rmdir(&parent.inode, name, &perm)?)
+        self.mount.rmdir(&parent.inode, name, &perm)?;
+        Ok(())
     }
 
     fn rename(
@@ -968,9 +1068,11 @@ impl FileSystem for CephFs {
             // RENAME_EXCHANGE cannot be done atomically through libcephfs; WHITEOUT is overlayfs'.
             _ => return Err(errno(libc::EINVAL)),
         }
-        Ok(self
-            .mount
-            .rename(&old.inode, oldname, &new.inode, newname, &perm)?)
+        self.mount
+            .rename(&old.inode, oldname, &new.inode, newname, &perm)?;
+        old.entries_changed();
+        new.entries_changed();
+        Ok(())
     }
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
@@ -1008,6 +1110,7 @@ impl FileSystem for CephFs {
             | libc::O_NOFOLLOW) as u32;
         let oflags = (flags & keep) as i32;
         let file = self.mount.open(&node.inode, oflags, &perm)?;
+        let writer = self.direct_writer(&node, oflags)?;
         if oflags & libc::O_TRUNC != 0 {
             self.kill_privs(
                 &node,
@@ -1020,6 +1123,7 @@ impl FileSystem for CephFs {
             inode,
             Handle::File(Arc::new(OpenFile {
                 file,
+                writer,
                 writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
                 locked: AtomicBool::new(false),
                 domain: node.domain,
@@ -1058,6 +1162,7 @@ impl FileSystem for CephFs {
         )?;
         let entry = self.entry(parent.domain, inode, &st);
         let node = self.node(entry.inode)?;
+        let writer = self.direct_writer(&node, oflags)?;
         // CREATE can open an existing file (no O_EXCL): O_TRUNC then has the SB_NOSEC duty.
         if oflags & libc::O_TRUNC != 0
             && u32::from(st.stx_mode) & (libc::S_ISUID | libc::S_ISGID) != 0
@@ -1073,6 +1178,7 @@ impl FileSystem for CephFs {
             entry.inode,
             Handle::File(Arc::new(OpenFile {
                 file,
+                writer,
                 writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
                 locked: AtomicBool::new(false),
                 domain: node.domain,
@@ -1122,7 +1228,7 @@ impl FileSystem for CephFs {
                 &self.perm(ctx),
             )?;
         }
-        r.read_to(&mut CephIo(&f.file), size as usize, offset)
+        r.read_to(&mut CephIo(f.for_write()), size as usize, offset)
     }
 
     fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
@@ -1476,7 +1582,9 @@ impl CephFs {
             }
             let mut w = 0;
             while w < n {
-                let m = fo.file.write(off_out + (done + w) as u64, &buf[w..n])?;
+                let m = fo
+                    .for_write()
+                    .write(off_out + (done + w) as u64, &buf[w..n])?;
                 if m == 0 {
                     return Err(errno(libc::EIO));
                 }
@@ -1658,6 +1766,79 @@ mod tests {
         );
         let kind = FileLock { lock_type: 99, ..l };
         assert!(to_flock(&kind).is_err());
+    }
+
+    fn attr() -> stat64 {
+        let mut a = to_stat(&Statx::default());
+        a.st_size = 4123;
+        a.st_mtime = 978_307_200;
+        a.st_mtime_nsec = 5;
+        a
+    }
+
+    const NOW: ceph_client::Timespec = ceph_client::Timespec {
+        tv_sec: 1_800_000_000,
+        tv_nsec: 7,
+    };
+
+    #[test]
+    fn a_size_change_alone_sets_mtime_to_now() {
+        // ftruncate(2): the kernel sends the size only.
+        let (st, mask) = setattr_request(&attr(), SetattrValid::SIZE, NOW).unwrap();
+        assert_eq!(
+            mask,
+            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW
+        );
+        assert_eq!((st.stx_size, st.stx_mtime), (4123, NOW));
+        // truncate(2): size and "mtime now".
+        let v = SetattrValid::SIZE | SetattrValid::MTIME | SetattrValid::MTIME_NOW;
+        let (st, mask) = setattr_request(&attr(), v, NOW).unwrap();
+        assert_eq!(
+            mask,
+            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW
+        );
+        assert_eq!(st.stx_mtime, NOW);
+        // An explicit time given with the size stays as given.
+        let v = SetattrValid::SIZE | SetattrValid::MTIME;
+        let (st, mask) = setattr_request(&attr(), v, NOW).unwrap();
+        assert_eq!(mask, CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME);
+        assert_eq!(
+            (st.stx_mtime.tv_sec, st.stx_mtime.tv_nsec),
+            (978_307_200, 5)
+        );
+    }
+
+    #[test]
+    fn now_times_keep_their_now_bits() {
+        let v = SetattrValid::ATIME
+            | SetattrValid::ATIME_NOW
+            | SetattrValid::MTIME
+            | SetattrValid::MTIME_NOW;
+        let (st, mask) = setattr_request(&attr(), v, NOW).unwrap();
+        assert_eq!(
+            mask,
+            CEPH_SETATTR_ATIME
+                | CEPH_SETATTR_ATIME_NOW
+                | CEPH_SETATTR_MTIME
+                | CEPH_SETATTR_MTIME_NOW
+        );
+        assert_eq!((st.stx_atime, st.stx_mtime), (NOW, NOW));
+        // Explicit times carry no NOW bit (libcephfs then requires the owner).
+        let v = SetattrValid::ATIME | SetattrValid::MTIME;
+        let (_, mask) = setattr_request(&attr(), v, NOW).unwrap();
+        assert_eq!(mask, CEPH_SETATTR_ATIME | CEPH_SETATTR_MTIME);
+        // Nothing timed without a time or a size.
+        let v = SetattrValid::MODE | SetattrValid::UID;
+        let (_, mask) = setattr_request(&attr(), v, NOW).unwrap();
+        assert_eq!(mask, CEPH_SETATTR_MODE | CEPH_SETATTR_UID);
+    }
+
+    #[test]
+    fn a_negative_size_is_refused() {
+        let mut a = attr();
+        a.st_size = -1;
+        let e = setattr_request(&a, SetattrValid::SIZE, NOW).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
     }
 
     #[test]

@@ -1,0 +1,555 @@
+//! Linux file semantics the guest is promised, where libcephfs on its own does not give them
+//! (README, "What the guest sees"). Each test is a sequence a guest user runs, sent to the
+//! filesystem layer the way fuse-backend-rs's server sends it, against the real cluster; the
+//! expected result is what a local Linux filesystem and the kernel CephFS client answer.
+
+mod common;
+
+use std::ffi::CStr;
+use std::io;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ceph_virtiofsd::fs::{CephFs, FsConfig};
+use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
+use fuse_backend_rs::api::filesystem::{Context, FileSystem, ZeroCopyReader, ZeroCopyWriter};
+use fuse_backend_rs::file_buf::FileVolatileSlice;
+use fuse_backend_rs::file_traits::FileReadWriteVolatile;
+use vm_memory::VolatileSlice;
+
+use common::{c, ctx, errno, Lab};
+
+fn fs_for(lab: &Lab, name: &str) -> CephFs {
+    let export = lab.export_dir(&format!("{name}-{}", std::process::id()));
+    let mount = ceph_client::MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.mount(&export))
+        .unwrap();
+    let fs = CephFs::new(mount, FsConfig::default()).unwrap();
+    // What a Linux 6.1 guest offers.
+    fs.init(FsOptions::HANDLE_KILLPRIV_V2 | FsOptions::ASYNC_READ)
+        .unwrap();
+    fs
+}
+
+fn create_as(fs: &CephFs, who: &Context, parent: u64, name: &CStr, mode: u32) -> (u64, u64) {
+    let (e, fh, _, _) = fs
+        .create(
+            who,
+            parent,
+            name,
+            CreateIn {
+                flags: libc::O_RDWR as u32,
+                mode,
+                umask: 0,
+                fuse_flags: 0,
+            },
+        )
+        .unwrap();
+    (e.inode, fh.unwrap())
+}
+
+fn open(fs: &CephFs, ino: u64, flags: i32) -> u64 {
+    fs.open(&ctx(0, 0), ino, flags as u32, 0)
+        .unwrap()
+        .0
+        .unwrap()
+}
+
+fn release(fs: &CephFs, ino: u64, fh: u64) {
+    fs.release(&ctx(0, 0), ino, 0, fh, false, false, None)
+        .unwrap();
+}
+
+/// WRITE payload from plain memory, standing in for the guest buffer of a virtqueue chain.
+struct Payload(Vec<u8>);
+
+impl io::Read for Payload {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = buf.len().min(self.0.len());
+        buf[..n].copy_from_slice(&self.0[..n]);
+        self.0.drain(..n);
+        Ok(n)
+    }
+}
+
+impl ZeroCopyReader for Payload {
+    fn read_to(
+        &mut self,
+        f: &mut dyn FileReadWriteVolatile,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
+        let n = count.min(self.0.len());
+        let slice = VolatileSlice::from(&mut self.0[..n]);
+        f.write_at_volatile(FileVolatileSlice::from_volatile_slice(&slice), off)
+    }
+}
+
+/// READ reply buffer in plain memory.
+struct Sink(Vec<u8>);
+
+impl io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ZeroCopyWriter for Sink {
+    fn write_from(
+        &mut self,
+        f: &mut dyn FileReadWriteVolatile,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
+        let mut buf = vec![0u8; count];
+        let slice = VolatileSlice::from(&mut buf[..]);
+        let n = f.read_at_volatile(FileVolatileSlice::from_volatile_slice(&slice), off)?;
+        self.0.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+    fn available_bytes(&self) -> usize {
+        usize::MAX
+    }
+}
+
+fn write(fs: &CephFs, ino: u64, fh: u64, off: u64, data: &[u8]) {
+    let n = fs
+        .write(
+            &ctx(0, 0),
+            ino,
+            fh,
+            &mut Payload(data.to_vec()),
+            data.len() as u32,
+            off,
+            None,
+            false,
+            0,
+            0,
+        )
+        .unwrap();
+    assert_eq!(n, data.len(), "short write at {off}");
+}
+
+fn read(fs: &CephFs, ino: u64, fh: u64, off: u64, len: usize) -> Vec<u8> {
+    let mut out = Sink(Vec::new());
+    let mut done = 0;
+    while done < len {
+        let n = fs
+            .read(
+                &ctx(0, 0),
+                ino,
+                fh,
+                &mut out,
+                (len - done) as u32,
+                off + done as u64,
+                None,
+                0,
+            )
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        done += n;
+    }
+    out.0
+}
+
+fn bytes(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(31).wrapping_add(u32::from(seed)) as u8)
+        .collect()
+}
+
+/// Byte comparison that names the first differing offset instead of printing megabytes.
+#[track_caller]
+fn same(got: &[u8], want: &[u8], what: &str) {
+    if got != want {
+        let at = got.iter().zip(want).position(|(a, b)| a != b);
+        panic!(
+            "{what}: {} bytes read, {} expected, first difference at {at:?}",
+            got.len(),
+            want.len()
+        );
+    }
+}
+
+fn stat(fs: &CephFs, ino: u64) -> stat64 {
+    fs.getattr(&ctx(0, 0), ino, None).unwrap().0
+}
+
+fn now_secs() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// An O_DIRECT write is seen by every later read of its range, buffered or direct, through any
+/// descriptor: Linux's rule (a direct write invalidates the cached pages of its range before it
+/// completes). libcephfs writes O_DIRECT data straight to the OSDs and leaves what its object
+/// cache holds of the range in place, so without the daemon's care a buffered reader gets the
+/// old bytes for as long as the daemon lives.
+#[test]
+fn direct_writes_are_seen_by_buffered_reads() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-odirect");
+    let root = ctx(0, 0);
+    let (ino, created) = create_as(&fs, &root, 1, &c("f"), 0o644);
+    let old = bytes(1, 512 << 10);
+    write(&fs, ino, created, 0, &old);
+    release(&fs, ino, created);
+    let buffered = open(&fs, ino, libc::O_RDWR);
+    same(&read(&fs, ino, buffered, 0, old.len()), &old, "read back");
+    let direct = open(&fs, ino, libc::O_RDWR | libc::O_DIRECT);
+    let new = bytes(2, 8 << 10);
+    write(&fs, ino, direct, 0, &new);
+    same(
+        &read(&fs, ino, buffered, 0, new.len()),
+        &new,
+        "buffered read after an O_DIRECT write of the same range",
+    );
+    same(&read(&fs, ino, direct, 0, new.len()), &new, "direct read");
+    release(&fs, ino, direct);
+    release(&fs, ino, buffered);
+    let again = open(&fs, ino, libc::O_RDONLY);
+    same(&read(&fs, ino, again, 0, new.len()), &new, "after reopen");
+    same(
+        &read(&fs, ino, again, new.len() as u64, 4096),
+        &old[new.len()..new.len() + 4096],
+        "bytes past the direct write",
+    );
+    release(&fs, ino, again);
+
+    // The other direction: a direct read sees what a buffered descriptor wrote a moment ago
+    // and libcephfs still holds dirty.
+    let buffered = open(&fs, ino, libc::O_RDWR);
+    let direct = open(&fs, ino, libc::O_RDWR | libc::O_DIRECT);
+    let dirty = bytes(3, 4096);
+    write(&fs, ino, buffered, 4096, &dirty);
+    same(
+        &read(&fs, ino, direct, 4096, 4096),
+        &dirty,
+        "direct read of dirty data",
+    );
+    // And a direct write into the middle of a dirty range, then a buffered read of it all.
+    let mid = bytes(4, 4096);
+    write(&fs, ino, buffered, 65536, &bytes(5, 3 * 4096));
+    write(&fs, ino, direct, 65536 + 4096, &mid);
+    let got = read(&fs, ino, buffered, 65536, 3 * 4096);
+    let around = bytes(5, 3 * 4096);
+    same(&got[..4096], &around[..4096], "before the direct write");
+    same(&got[4096..8192], &mid, "direct write inside dirty data");
+    same(&got[8192..], &around[8192..], "after the direct write");
+    release(&fs, ino, direct);
+    release(&fs, ino, buffered);
+
+    // A second CephFS client (another host) reads what the guest was told is written.
+    let m = lab.ceph();
+    let other = m
+        .lookup_root()
+        .and_then(|r| {
+            let export = format!("sem-odirect-{}", std::process::id());
+            m.lookup(&r, &c(&export), 0, 0, &ceph_client::UserPerm::root())
+        })
+        .and_then(|(d, _)| m.lookup(&d, &c("f"), 0, 0, &ceph_client::UserPerm::root()))
+        .unwrap()
+        .0;
+    let f = m
+        .open(&other, libc::O_RDONLY, &ceph_client::UserPerm::root())
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    f.read(65536 + 4096, &mut buf).unwrap();
+    same(&buf, &mid, "another client reads the direct write");
+}
+
+/// truncate(1) grows a file with ftruncate: FUSE sends SETATTR with only the size (the kernel
+/// leaves the times to the server). Linux then sets mtime and ctime to now; libcephfs, when it
+/// grows the file locally under its exclusive cap, takes the mtime from the (zero) request.
+#[test]
+fn truncate_sets_current_times() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-truncate");
+    let root = ctx(0, 0);
+    let (ino, fh) = create_as(&fs, &root, 1, &c("f"), 0o644);
+    write(&fs, ino, fh, 0, &bytes(1, 39));
+    release(&fs, ino, fh);
+    let before = now_secs();
+    for (size, through) in [(4123, true), (100, true), (9000, false), (10, false)] {
+        let fh = open(&fs, ino, libc::O_WRONLY);
+        let mut attr = stat(&fs, ino);
+        attr.st_size = size;
+        let (valid, handle) = if through {
+            // ftruncate(fd): FATTR_SIZE | FATTR_FH.
+            (SetattrValid::SIZE, Some(fh))
+        } else {
+            // truncate(path): FATTR_SIZE | FATTR_MTIME | FATTR_MTIME_NOW.
+            (
+                SetattrValid::SIZE | SetattrValid::MTIME | SetattrValid::MTIME_NOW,
+                None,
+            )
+        };
+        let (st, _) = fs.setattr(&root, ino, attr, handle, valid).unwrap();
+        release(&fs, ino, fh);
+        for (what, st) in [("reply", st), ("getattr", stat(&fs, ino))] {
+            assert_eq!(st.st_size, size, "{what}: size");
+            assert!(
+                st.st_mtime >= before - 1 && st.st_mtime <= now_secs() + 1,
+                "{what} after truncate to {size}: mtime {} is not now ({before})",
+                st.st_mtime
+            );
+            assert!(st.st_ctime >= before - 1, "{what}: ctime {}", st.st_ctime);
+        }
+    }
+}
+
+/// A directory's mtime and ctime move when an entry is added, removed or renamed in or out,
+/// also after the directory was given an explicit old time (`touch -d`).
+#[test]
+fn directory_times_move_with_its_entries() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-dirtimes");
+    let root = ctx(0, 0);
+    let old = 978_307_200; // 2001-01-01
+    let dir = |name: &str| fs.mkdir(&root, 1, &c(name), 0o755, 0).unwrap().inode;
+    let (d, e) = (dir("d"), dir("e"));
+    let set_old = |ino: u64| {
+        let mut attr = stat(&fs, ino);
+        attr.st_mtime = old;
+        attr.st_mtime_nsec = 0;
+        attr.st_atime = old;
+        attr.st_atime_nsec = 0;
+        fs.setattr(
+            &root,
+            ino,
+            attr,
+            None,
+            SetattrValid::MTIME | SetattrValid::ATIME,
+        )
+        .unwrap();
+        assert_eq!(stat(&fs, ino).st_mtime, old, "explicit mtime set");
+    };
+    let check = |ino: u64, what: &str| {
+        let st = stat(&fs, ino);
+        assert!(
+            st.st_mtime > old + 1_000_000 && st.st_ctime > old + 1_000_000,
+            "{what}: the directory's mtime {} / ctime {} did not move",
+            st.st_mtime,
+            st.st_ctime
+        );
+    };
+    set_old(d);
+    let (f, fh) = create_as(&fs, &root, d, &c("f"), 0o644);
+    release(&fs, f, fh);
+    check(d, "create");
+    set_old(d);
+    fs.mkdir(&root, d, &c("sub"), 0o755, 0).unwrap();
+    check(d, "mkdir");
+    set_old(d);
+    set_old(e);
+    fs.rename(&root, d, &c("f"), e, &c("f"), 0).unwrap();
+    check(d, "rename out of");
+    check(e, "rename into");
+    set_old(e);
+    fs.link(&root, f, e, &c("g")).unwrap();
+    check(e, "link");
+    set_old(e);
+    fs.symlink(&root, &c("target"), e, &c("s")).unwrap();
+    check(e, "symlink");
+    set_old(e);
+    fs.unlink(&root, e, &c("g")).unwrap();
+    check(e, "unlink");
+    set_old(d);
+    fs.rmdir(&root, d, &c("sub")).unwrap();
+    check(d, "rmdir");
+}
+
+/// `mkdir P Q P/d; mv P/d Q/d`: P loses a subdirectory (nlink 3 -> 2), Q gains one (2 -> 3),
+/// as upstream pjdfstest rename/24.t checks.
+#[test]
+fn directory_link_counts_follow_renames() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-nlink");
+    let root = ctx(0, 0);
+    let p = fs.mkdir(&root, 1, &c("P"), 0o755, 0).unwrap().inode;
+    let q = fs.mkdir(&root, 1, &c("Q"), 0o755, 0).unwrap().inode;
+    fs.mkdir(&root, p, &c("d"), 0o755, 0).unwrap();
+    assert_eq!(stat(&fs, p).st_nlink, 3);
+    assert_eq!(stat(&fs, q).st_nlink, 2);
+    fs.rename(&root, p, &c("d"), q, &c("d"), 0).unwrap();
+    assert_eq!(
+        stat(&fs, p).st_nlink,
+        2,
+        "source directory after mv P/d Q/d"
+    );
+    assert_eq!(stat(&fs, q).st_nlink, 3, "target directory");
+    // Replacing an empty directory keeps the target's count.
+    fs.mkdir(&root, p, &c("x"), 0o755, 0).unwrap();
+    fs.rename(&root, p, &c("x"), q, &c("d"), 0).unwrap();
+    assert_eq!(
+        stat(&fs, p).st_nlink,
+        2,
+        "source after replacing a directory"
+    );
+    assert_eq!(stat(&fs, q).st_nlink, 3, "target after the replacement");
+    fs.rmdir(&root, q, &c("d")).unwrap();
+    assert_eq!(stat(&fs, q).st_nlink, 2, "after rmdir");
+}
+
+/// An owner may give its file to any group it is a member of (pjdfstest chown/00.t 107-120).
+/// FUSE carries only the primary gid; the guest kernel checked the membership.
+#[test]
+fn owners_chgrp_to_a_supplementary_group() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-chgrp");
+    let root = ctx(0, 0);
+    let (ino, fh) = create_as(&fs, &root, 1, &c("f"), 0o644);
+    release(&fs, ino, fh);
+    let mut attr = stat(&fs, ino);
+    attr.st_uid = 65534;
+    attr.st_gid = 65532;
+    fs.setattr(
+        &root,
+        ino,
+        attr,
+        None,
+        SetattrValid::UID | SetattrValid::GID,
+    )
+    .unwrap();
+    let owner = ctx(65534, 65532);
+    // chown 65534:65531 (the uid unchanged, as chown(1) sends it) and chgrp 65531.
+    attr.st_gid = 65531;
+    let (st, _) = fs
+        .setattr(
+            &owner,
+            ino,
+            attr,
+            None,
+            SetattrValid::UID | SetattrValid::GID,
+        )
+        .unwrap();
+    assert_eq!((st.st_uid, st.st_gid), (65534, 65531));
+    attr.st_gid = 65532;
+    let (st, _) = fs
+        .setattr(&owner, ino, attr, None, SetattrValid::GID)
+        .unwrap();
+    assert_eq!(st.st_gid, 65532);
+    // Giving the file away to another user stays root's privilege.
+    attr.st_uid = 65533;
+    assert_eq!(
+        errno(fs.setattr(
+            &owner,
+            ino,
+            attr,
+            None,
+            SetattrValid::UID | SetattrValid::GID
+        )),
+        libc::EPERM
+    );
+    // And a non-owner cannot change the group.
+    attr.st_uid = 65534;
+    attr.st_gid = 65531;
+    assert_eq!(
+        errno(fs.setattr(&ctx(65533, 65531), ino, attr, None, SetattrValid::GID)),
+        libc::EPERM
+    );
+    assert_eq!(stat(&fs, ino).st_gid, 65532);
+}
+
+/// utimensat(fd, NULL) / UTIME_NOW for both times needs only write permission; explicit
+/// times need ownership (utimensat/06.t).
+#[test]
+fn non_owner_writers_touch_with_now() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-utimens");
+    let root = ctx(0, 0);
+    let (ino, fh) = create_as(&fs, &root, 1, &c("f"), 0o666);
+    release(&fs, ino, fh);
+    let mut attr = stat(&fs, ino);
+    attr.st_mtime = 1_000_000_000;
+    fs.setattr(&root, ino, attr, None, SetattrValid::MTIME)
+        .unwrap();
+    let writer = ctx(65534, 65534);
+    let before = now_secs();
+    let now = SetattrValid::ATIME
+        | SetattrValid::ATIME_NOW
+        | SetattrValid::MTIME
+        | SetattrValid::MTIME_NOW;
+    let (st, _) = fs.setattr(&writer, ino, attr, None, now).unwrap();
+    assert!(
+        st.st_mtime >= before - 1,
+        "mtime {} is not now",
+        st.st_mtime
+    );
+    // Explicit times stay the owner's.
+    attr.st_mtime = 1_000_000_000;
+    assert_eq!(
+        errno(fs.setattr(
+            &writer,
+            ino,
+            attr,
+            None,
+            SetattrValid::MTIME | SetattrValid::ATIME
+        )),
+        libc::EPERM
+    );
+    // Without write permission, not even "now".
+    let mut ro = stat(&fs, ino);
+    ro.st_mode = 0o644;
+    fs.setattr(&root, ino, ro, None, SetattrValid::MODE)
+        .unwrap();
+    assert_eq!(
+        errno(fs.setattr(&writer, ino, attr, None, now)),
+        libc::EACCES
+    );
+}
+
+/// chown keeps setgid on a file without group-execute: that bit is no privilege there. Linux
+/// clears setuid, and setgid only together with group-execute.
+#[test]
+fn chown_clears_only_privilege_bits() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-chown-sgid");
+    let root = ctx(0, 0);
+    for (mode, after) in [
+        (0o2625, 0o2625),
+        (0o2675, 0o0675),
+        (0o4755, 0o0755),
+        (0o6775, 0o0775),
+        (0o6765, 0o2765),
+        (0o0644, 0o0644),
+    ] {
+        let name = format!("f{mode:o}");
+        let (ino, fh) = create_as(&fs, &root, 1, &c(&name), 0o644);
+        release(&fs, ino, fh);
+        let mut attr = stat(&fs, ino);
+        attr.st_mode = libc::S_IFREG | mode;
+        fs.setattr(&root, ino, attr, None, SetattrValid::MODE)
+            .unwrap();
+        assert_eq!(stat(&fs, ino).st_mode & 0o7777, mode);
+        attr.st_uid = 65534;
+        attr.st_gid = 0;
+        // What a 6.1 guest with HANDLE_KILLPRIV_V2 sends for chown of a non-directory.
+        let valid = SetattrValid::UID | SetattrValid::GID | SetattrValid::KILL_SUIDGID;
+        let (st, _) = fs.setattr(&root, ino, attr, None, valid).unwrap();
+        assert_eq!(
+            st.st_mode & 0o7777,
+            after,
+            "chown of a {mode:o} file: mode {:o}",
+            st.st_mode & 0o7777
+        );
+        assert_eq!(stat(&fs, ino).st_mode & 0o7777, after);
+    }
+    // Directories keep both bits.
+    let d = fs.mkdir(&root, 1, &c("dir"), 0o755, 0).unwrap().inode;
+    let mut attr = stat(&fs, d);
+    attr.st_mode = libc::S_IFDIR | 0o6775;
+    fs.setattr(&root, d, attr, None, SetattrValid::MODE)
+        .unwrap();
+    attr.st_uid = 65534;
+    fs.setattr(&root, d, attr, None, SetattrValid::UID).unwrap();
+    assert_eq!(stat(&fs, d).st_mode & 0o7777, 0o6775);
+}
