@@ -197,6 +197,12 @@ pub struct Args {
     #[arg(long)]
     pub syslog: bool,
 
+    /// Report a FUSE request still unanswered after SECS seconds: logged once at warn (and at
+    /// error after ten times SECS) with its op, ids, age and whether libcephfs waits on the MDS,
+    /// the OSDs or itself, and counted in the metrics. 0 = off. Default: 30.
+    #[arg(long, value_name = "SECS")]
+    pub slow_request_secs: Option<u64>,
+
     // ---- metrics ----
     /// Serve Prometheus metrics at http://ADDR/metrics. ADDR is PORT (bound to 127.0.0.1) or
     /// IP:PORT. Off unless this or --metrics-socket is given.

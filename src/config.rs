@@ -28,6 +28,8 @@ pub const DEFAULT_POLL_US: u64 = 50;
 pub const MAX_POLL_US: u64 = 1000;
 /// Default connect/mount timeout.
 pub const DEFAULT_MOUNT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default bound past which a FUSE request is reported as slow (`--slow-request-secs`).
+pub const DEFAULT_SLOW_REQUEST: Duration = Duration::from_secs(30);
 
 /// Where the vhost-user frontend connects.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +45,8 @@ pub enum Listen {
 pub struct LogConfig {
     pub level: LogLevel,
     pub syslog: bool,
+    /// A request in flight this long is reported by the watchdog; zero = the watchdog is off.
+    pub slow_request: Duration,
 }
 
 /// How to reach and mount CephFS. Its `Debug` output hides secret option values.
@@ -295,6 +299,7 @@ pub struct FileFuse {
 pub struct FileLog {
     pub level: Option<LogLevel>,
     pub syslog: Option<bool>,
+    pub slow_request_secs: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -422,6 +427,28 @@ fn validate_tag(tag: String) -> Result<String, ConfigError> {
     Ok(tag)
 }
 
+/// The `admin_socket` Ceph option among `options`, however its key is spelt.
+fn admin_socket_option(options: &[(String, String)]) -> Option<&str> {
+    let is_asok = |k: &str| k.trim().replace([' ', '-'], "_") == "admin_socket";
+    options
+        .iter()
+        .find(|(k, _)| is_asok(k))
+        .map(|(_, v)| v.as_str())
+}
+
+impl Config {
+    /// The libcephfs admin socket the daemon can ask about its client: the metrics' one, or a
+    /// literal `admin_socket` Ceph option set without metrics. `None`: there is none.
+    pub fn ceph_admin_socket(&self) -> Option<PathBuf> {
+        if let Some(m) = &self.metrics {
+            return m.ceph_admin_socket.clone();
+        }
+        admin_socket_option(&self.ceph.options)
+            .filter(|v| !v.is_empty() && !v.contains('$'))
+            .map(PathBuf::from)
+    }
+}
+
 /// The metrics endpoint (command line over file) and the libcephfs admin socket it reads: the
 /// `admin_socket` Ceph option when the operator set one, else `<socket-path>.ceph.asok` (or
 /// `<metrics-socket>.ceph.asok`), which is then added to the Ceph options.
@@ -452,11 +479,7 @@ fn metrics_config(
             ));
         }
     }
-    let is_asok = |k: &str| k.trim().replace([' ', '-'], "_") == "admin_socket";
-    let set = options
-        .iter()
-        .find(|(k, _)| is_asok(k))
-        .map(|(_, v)| v.clone());
+    let set = admin_socket_option(options).map(str::to_owned);
     let with_suffix = |p: &Path| {
         let mut s = p.as_os_str().to_owned();
         s.push(".ceph.asok");
@@ -570,6 +593,10 @@ impl Config {
         let log = LogConfig {
             level: cli_level.or(file.log.level).unwrap_or(LogLevel::Info),
             syslog: args.syslog || file.log.syslog.unwrap_or(false),
+            slow_request: args
+                .slow_request_secs
+                .or(file.log.slow_request_secs)
+                .map_or(DEFAULT_SLOW_REQUEST, Duration::from_secs),
         };
 
         let root = args
@@ -690,7 +717,46 @@ mod tests {
         assert!(c.xattr);
         assert_eq!(c.ceph.root, "/");
         assert_eq!(c.ceph.mount_timeout, DEFAULT_MOUNT_TIMEOUT);
+        assert_eq!(c.log.slow_request, DEFAULT_SLOW_REQUEST);
         assert!(c.warnings.is_empty());
+    }
+
+    #[test]
+    fn slow_request_watchdog_options() {
+        let c = parse(&["--fd=3", "--slow-request-secs", "0"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.log.slow_request,
+            Duration::ZERO,
+            "0 turns the watchdog off"
+        );
+        let file: FileConfig =
+            toml::from_str("[vhost-user]\nsocket-path = \"/s\"\n[log]\nslow-request-secs = 5\n")
+                .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.log.slow_request, Duration::from_secs(5));
+        assert_eq!(c.ceph_admin_socket(), None, "no metrics, no admin socket");
+        let file: FileConfig =
+            toml::from_str("[log]\nslow-request-secs = 5\n").unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd=3", "--slow-request-secs=1"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.log.slow_request,
+            Duration::from_secs(1),
+            "the command line wins"
+        );
+
+        // The watchdog finds libcephfs's admin socket with or without metrics.
+        let c = parse(&["--socket-path=/r/vm.sock", "--metrics-addr=9"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph_admin_socket(), Some("/r/vm.sock.ceph.asok".into()));
+        let c = parse(&["--fd=3", "--ceph-opt=admin-socket=/r/a.asok"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph_admin_socket(), Some("/r/a.asok".into()));
+        let c = parse(&["--fd=3", "--ceph-opt=admin_socket=/r/$pid.asok"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph_admin_socket(), None);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! to the socket, run the vhost-user daemon, end on frontend disconnect (or wait for a new
 //! frontend with `--keep-serving`), and stop on SIGTERM/SIGINT so `main` can unmount Ceph.
 //!
-//! Control plane: a small tokio current-thread runtime in its own thread, for signals only.
+//! Control plane: a small tokio current-thread runtime in its own thread, for signals and the
+//! slow-request watchdog (`crate::metrics::watchdog`).
 //! Data path: plain threads (vhost-user connection thread, one epoll thread per queue, workers).
 
 use std::fs::{File, OpenOptions};
@@ -23,6 +24,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::config::{Config, Listen};
 use crate::metrics::endpoint::{MetricsServer, Scrape};
+use crate::metrics::watchdog::Watchdog;
 use crate::metrics::FsStats;
 use crate::server::ExtraOps;
 use crate::vhost_user::{BackendError, BackendOptions, VhostUserFsBackend};
@@ -107,7 +109,7 @@ where
 
     // Signal handlers first: once the socket exists, SIGTERM is already ours.
     let (events, receiver) = mpsc::channel();
-    let signals = SignalThread::start(events.clone())?;
+    let signals = SignalThread::start(events.clone(), watchdog(config))?;
     let (listener, pid_lock) = match open_listener(&config.listen) {
         Ok(opened) => opened,
         Err(e) => {
@@ -165,6 +167,26 @@ where
         return Err(DaemonError::RequestsStuck(DRAIN_LIMIT.as_secs()));
     }
     result
+}
+
+/// The slow-request watchdog of `config`, with request tracking turned on for it; `None` (and
+/// tracking off) with `--slow-request-secs 0`.
+fn watchdog(config: &Config) -> Option<Watchdog> {
+    let bound = config.log.slow_request;
+    crate::metrics::inflight::set_slow_bound(bound);
+    if bound.is_zero() {
+        return None;
+    }
+    let admin_socket = config.ceph_admin_socket();
+    info!(
+        bound_s = bound.as_secs(),
+        admin_socket = admin_socket.as_ref().map(|p| p.display().to_string()),
+        "Slow-request watchdog on: requests in flight longer than --slow-request-secs are logged"
+    );
+    Some(Watchdog {
+        bound,
+        admin_socket,
+    })
 }
 
 /// How long a stop waits for requests in flight before giving up on them.
@@ -350,14 +372,15 @@ impl Drop for PidLock {
     }
 }
 
-/// The control-plane thread: a tokio current-thread runtime waiting for SIGTERM/SIGINT.
+/// The control-plane thread: a tokio current-thread runtime waiting for SIGTERM/SIGINT, and
+/// running the slow-request watchdog meanwhile.
 struct SignalThread {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl SignalThread {
-    fn start(events: mpsc::Sender<Event>) -> Result<Self, DaemonError> {
+    fn start(events: mpsc::Sender<Event>, watchdog: Option<Watchdog>) -> Result<Self, DaemonError> {
         use tokio::signal::unix::{signal, SignalKind};
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -377,10 +400,17 @@ impl SignalThread {
             .name("control".to_owned())
             .spawn(move || {
                 runtime.block_on(async move {
+                    let watch = async move {
+                        match watchdog {
+                            Some(w) => w.run().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     let name = tokio::select! {
                         _ = term.recv() => "SIGTERM",
                         _ = int.recv() => "SIGINT",
                         _ = &mut stopped => return,
+                        () = watch => return,
                     };
                     let _ = events.send(Event::Signal(name));
                 });

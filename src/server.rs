@@ -7,7 +7,7 @@
 //!
 //! Nothing here knows about virtqueues: the caller builds the [`Reader`]/[`Writer`].
 
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::mem::size_of;
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +19,7 @@ use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
+use crate::metrics::inflight::{self, RequestInfo};
 use crate::metrics::{self, ReplyHead};
 
 /// FUSE_COPY_FILE_RANGE (Linux `include/uapi/linux/fuse.h`).
@@ -97,15 +98,17 @@ where
         }
     }
 
-    /// Serve one request; return the number of bytes written to the guest.
+    /// Serve one request of virtqueue `queue`; return the number of bytes written to the guest.
     ///
     /// `reply_head(n)` reads back the first bytes (up to [`metrics::REPLY_HEAD_LEN`]) of the
     /// `n`-byte reply just written, for the metrics: the errno and WRITE's size are in there.
-    /// Every request is counted in [`metrics::global`] and logged in a debug-level span.
+    /// Every request is counted in [`metrics::global`], logged in a debug-level span, and noted
+    /// in this thread's in-flight slot for the slow-request watchdog while it is served.
     pub fn handle_message<S: BitmapSlice>(
         &self,
         reader: Reader<'_, S>,
         writer: Writer<'_, S>,
+        queue: usize,
         reply_head: impl FnOnce(usize) -> ([u8; metrics::REPLY_HEAD_LEN], usize),
     ) -> Result<usize, ServerError> {
         let start = Instant::now();
@@ -115,6 +118,7 @@ where
             metrics::global().record_malformed();
             return Err(ServerError::ShortHeader(available));
         };
+        let tracked = inflight::track(start, || request_info(&header, &peek, queue));
         let op = metrics::opcode_name(usize::try_from(header.opcode).unwrap_or(0));
         let span = tracing::debug_span!(
             "fuse",
@@ -127,6 +131,9 @@ where
         let _entered = span.enter();
         let result = self.dispatch(&header, reader, peek, writer);
         let elapsed = start.elapsed();
+        if let Some(t) = tracked {
+            t.finish(elapsed);
+        }
         let reply = match &result {
             Ok(n) if *n >= metrics::OUT_HEADER_LEN => {
                 let (head, filled) = reply_head(*n);
@@ -258,6 +265,117 @@ where
     }
 }
 
+/// What the watchdog shows of a request: the header's ids, and for requests on an open file
+/// the handle, offset and size from the in-struct (read only for those opcodes, whose serve
+/// costs far more than this read; what a short in-struct does not hold is left out).
+fn request_info<S: BitmapSlice>(
+    header: &InHeader,
+    body: &Reader<'_, S>,
+    queue: usize,
+) -> RequestInfo {
+    let mut info = RequestInfo {
+        opcode: header.opcode,
+        unique: header.unique,
+        node: header.nodeid,
+        queue: u16::try_from(queue).unwrap_or(u16::MAX),
+        ..RequestInfo::default()
+    };
+    let layout = ArgsLayout::of(header.opcode);
+    if layout != ArgsLayout::None {
+        let mut head = [0u8; ArgsLayout::PEEK];
+        let n = peek(&mut body.clone(), &mut head);
+        (info.fh, info.offset, info.size) = layout.parse(head.get(..n).unwrap_or(&[]));
+    }
+    info
+}
+
+/// Fill `buf` from `r` as far as it goes; the number of bytes read.
+fn peek<S: BitmapSlice>(r: &mut Reader<'_, S>, buf: &mut [u8]) -> usize {
+    let mut n = 0;
+    while let Some(rest) = buf.get_mut(n..).filter(|b| !b.is_empty()) {
+        match r.read(rest) {
+            Ok(0) | Err(_) => break,
+            Ok(k) => n += k,
+        }
+    }
+    n
+}
+
+/// Where a request's in-struct keeps the handle, offset and size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArgsLayout {
+    None,
+    /// fuse_fsync_in, fuse_flush_in, fuse_release_in, fuse_lseek_in: fh first.
+    Fh,
+    /// fuse_read_in, fuse_write_in: fh, offset, u32 size.
+    FhOffsetSize32,
+    /// fuse_fallocate_in: fh, offset, u64 length.
+    FhOffsetSize64,
+    /// fuse_lk_in: fh, owner, then the range [start, end] (end u64::MAX: to end of file).
+    Lock,
+    /// fuse_copy_file_range_in: fh_in, off_in, nodeid_out, fh_out, off_out, len.
+    CopyRange,
+}
+
+impl ArgsLayout {
+    /// Bytes of the in-struct that hold everything we show.
+    const PEEK: usize = 48;
+
+    fn of(opcode: u32) -> Self {
+        use fuse_backend_rs::abi::fuse_abi::Opcode;
+        const READ: u32 = Opcode::Read as u32;
+        const WRITE: u32 = Opcode::Write as u32;
+        const READDIR: u32 = Opcode::Readdir as u32;
+        const READDIRPLUS: u32 = Opcode::Readdirplus as u32;
+        const FALLOCATE: u32 = Opcode::Fallocate as u32;
+        const LSEEK: u32 = Opcode::Lseek as u32;
+        const FSYNC: u32 = Opcode::Fsync as u32;
+        const FSYNCDIR: u32 = Opcode::Fsyncdir as u32;
+        const FLUSH: u32 = Opcode::Flush as u32;
+        const RELEASE: u32 = Opcode::Release as u32;
+        const RELEASEDIR: u32 = Opcode::Releasedir as u32;
+        const GETLK: u32 = Opcode::Getlk as u32;
+        const SETLK: u32 = Opcode::Setlk as u32;
+        match opcode {
+            READ | WRITE | READDIR | READDIRPLUS => ArgsLayout::FhOffsetSize32,
+            FALLOCATE => ArgsLayout::FhOffsetSize64,
+            LSEEK | FSYNC | FSYNCDIR | FLUSH | RELEASE | RELEASEDIR => ArgsLayout::Fh,
+            GETLK | SETLK | FUSE_SETLKW => ArgsLayout::Lock,
+            FUSE_COPY_FILE_RANGE => ArgsLayout::CopyRange,
+            _ => ArgsLayout::None,
+        }
+    }
+
+    /// (fh, offset, size) from the first bytes of the in-struct.
+    fn parse(self, b: &[u8]) -> (Option<u64>, Option<u64>, Option<u64>) {
+        let u64_at = |at: usize| {
+            b.get(at..at + 8)
+                .and_then(|s| s.try_into().ok())
+                .map(u64::from_ne_bytes)
+        };
+        let u32_at = |at: usize| {
+            b.get(at..at + 4)
+                .and_then(|s| s.try_into().ok())
+                .map(|s| u64::from(u32::from_ne_bytes(s)))
+        };
+        match self {
+            ArgsLayout::None => (None, None, None),
+            ArgsLayout::Fh => (u64_at(0), None, None),
+            ArgsLayout::FhOffsetSize32 => (u64_at(0), u64_at(8), u32_at(16)),
+            ArgsLayout::FhOffsetSize64 => (u64_at(0), u64_at(8), u64_at(16)),
+            ArgsLayout::Lock => {
+                let (start, end) = (u64_at(16), u64_at(24));
+                let size = start
+                    .zip(end)
+                    .filter(|(_, e)| *e != u64::MAX)
+                    .map(|(s, e)| e.saturating_sub(s).saturating_add(1));
+                (u64_at(0), start, size)
+            }
+            ArgsLayout::CopyRange => (u64_at(0), u64_at(8), u64_at(40)),
+        }
+    }
+}
+
 fn write_reply<S: BitmapSlice>(
     mut writer: Writer<'_, S>,
     header: OutHeader,
@@ -305,4 +423,95 @@ fn reply_error<S: BitmapSlice>(
         unique,
     };
     write_reply(writer, header, &[])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fuse_backend_rs::abi::fuse_abi::{FallocateIn, FileLock as AbiLock, ReadIn, WriteIn};
+
+    #[test]
+    fn handle_offset_and_size_come_from_the_in_struct() {
+        let write = WriteIn {
+            fh: 3,
+            offset: 8192,
+            size: 4096,
+            fuse_flags: 1,
+            lock_owner: 0,
+            flags: 0,
+            padding: 0,
+        };
+        let layout = ArgsLayout::of(16);
+        assert_eq!(
+            layout.parse(write.as_slice()),
+            (Some(3), Some(8192), Some(4096))
+        );
+        let read = ReadIn {
+            fh: 4,
+            offset: 1,
+            size: 131_072,
+            read_flags: 0xffff_ffff,
+            ..Default::default()
+        };
+        assert_eq!(
+            ArgsLayout::of(15).parse(read.as_slice()),
+            (Some(4), Some(1), Some(131_072))
+        );
+        let falloc = FallocateIn {
+            fh: 5,
+            offset: 10,
+            length: 1 << 40,
+            mode: 0,
+            padding: 0,
+        };
+        assert_eq!(
+            ArgsLayout::of(43).parse(falloc.as_slice()),
+            (Some(5), Some(10), Some(1 << 40))
+        );
+        let lk = |start, end| LkIn {
+            fh: 7,
+            owner: 9,
+            lk: AbiLock {
+                start,
+                end,
+                type_: 1,
+                pid: 1,
+            },
+            lk_flags: 0,
+            padding: 0,
+        };
+        assert_eq!(
+            ArgsLayout::of(FUSE_SETLKW).parse(lk(0, u64::MAX).as_slice()),
+            (Some(7), Some(0), None),
+            "a lock to the end of file has no size"
+        );
+        assert_eq!(
+            ArgsLayout::of(FUSE_SETLKW).parse(lk(100, 199).as_slice()),
+            (Some(7), Some(100), Some(100))
+        );
+        let copy = CopyFileRangeIn {
+            fh_in: 1,
+            offset_in: 2,
+            nodeid_out: 3,
+            fh_out: 4,
+            offset_out: 5,
+            len: 6,
+            flags: 0,
+        };
+        assert_eq!(
+            ArgsLayout::of(FUSE_COPY_FILE_RANGE).parse(copy.as_slice()),
+            (Some(1), Some(2), Some(6))
+        );
+        assert_eq!(
+            ArgsLayout::of(20).parse(&9u64.to_ne_bytes()),
+            (Some(9), None, None)
+        );
+        // GETATTR and the like read nothing; a short in-struct gives what it holds.
+        assert_eq!(ArgsLayout::of(3), ArgsLayout::None);
+        assert_eq!(
+            ArgsLayout::of(16).parse(write.as_slice().get(..12).unwrap_or(&[])),
+            (Some(3), None, None)
+        );
+        assert_eq!(ArgsLayout::of(16).parse(&[]), (None, None, None));
+    }
 }

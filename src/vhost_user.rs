@@ -504,7 +504,7 @@ fn complete_chain<F>(
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
     let head = chain.head_index();
-    let used = match serve_chain(server, mem, chain) {
+    let used = match serve_chain(server, mem, chain, queue) {
         Ok(n) => u32::try_from(n).unwrap_or_else(|_| {
             warn!(
                 queue,
@@ -531,11 +531,12 @@ fn complete_chain<F>(
     }
 }
 
-/// Map the chain into a FUSE reader/writer and run the server.
+/// Map the chain (popped from virtqueue `queue`) into a FUSE reader/writer and run the server.
 pub fn serve_chain<F>(
     server: &FuseServer<F>,
     mem: &MemGuard,
     chain: DescriptorChain<MemGuard>,
+    queue: usize,
 ) -> Result<usize, ChainError>
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
@@ -545,7 +546,7 @@ where
     let probe = chain.clone();
     let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
     server
-        .handle_message(reader, Writer::from(writer), |written| {
+        .handle_message(reader, Writer::from(writer), queue, |written| {
             read_reply_head(mem, probe, written)
         })
         .map_err(ChainError::Server)

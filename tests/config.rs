@@ -36,6 +36,7 @@ fn example_config_parses() {
     assert!(c.xattr);
     assert_eq!(c.log.level, LogLevel::Info);
     assert!(!c.log.syslog);
+    assert_eq!(c.log.slow_request.as_secs(), 30);
     assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
     assert_eq!(c.ceph.fs_name.as_deref(), Some("cephfs"));
     assert_eq!(c.ceph.root, "/volumes/_nogroup/vm1");
@@ -64,6 +65,8 @@ fn command_line_overrides_example_config() {
         "--log-level",
         "debug",
         "--keep-serving",
+        "--slow-request-secs",
+        "0",
     ]);
     // --fd replaces the file's socket-path.
     assert_eq!(c.listen, Listen::Fd(3));
@@ -77,6 +80,7 @@ fn command_line_overrides_example_config() {
     );
     assert_eq!(c.log.level, LogLevel::Debug);
     assert!(c.keep_serving);
+    assert!(c.log.slow_request.is_zero());
     // Untouched values still come from the file.
     assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
 }

@@ -132,6 +132,51 @@ impl CephHealth {
     }
 }
 
+/// What libcephfs is waiting for right now, for the slow-request watchdog: metadata requests
+/// sent to an MDS (`mds_requests`) and operations sent to OSDs (`objecter_requests`) that
+/// have no answer yet. Both zero while a call blocks means it waits inside the client.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClientWaits {
+    pub mds_requests: u64,
+    pub osd_ops: u64,
+}
+
+/// The `objecter_requests` lists of operations that wait for an answer (`linger_ops` are
+/// standing watches, not waits).
+const OBJECTER_WAITS: [&str; 5] = [
+    "ops",
+    "pool_ops",
+    "pool_stat_ops",
+    "statfs_ops",
+    "command_ops",
+];
+
+fn list_len(v: &Value, key: &str) -> u64 {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map_or(0, |l| u64::try_from(l.len()).unwrap_or(u64::MAX))
+}
+
+impl ClientWaits {
+    /// Build from the JSON answers of `mds_requests` and `objecter_requests`.
+    pub fn from_answers(mds_requests: &Value, objecter: &Value) -> ClientWaits {
+        ClientWaits {
+            mds_requests: list_len(mds_requests, "requests"),
+            osd_ops: OBJECTER_WAITS
+                .iter()
+                .map(|k| list_len(objecter, k))
+                .fold(0, u64::saturating_add),
+        }
+    }
+
+    /// Ask the admin socket at `path`.
+    pub async fn query(path: &Path) -> std::io::Result<ClientWaits> {
+        let mds = command(path, "mds_requests").await?;
+        let objecter = command(path, "objecter_requests").await?;
+        Ok(ClientWaits::from_answers(&mds, &objecter))
+    }
+}
+
 /// One admin socket command, with a deadline.
 pub async fn command(path: &Path, prefix: &str) -> std::io::Result<Value> {
     match tokio::time::timeout(TIMEOUT, command_inner(path, prefix)).await {
@@ -193,6 +238,31 @@ mod tests {
                 "missing {line:?} in\n{text}"
             );
         }
+    }
+
+    #[test]
+    fn parses_what_the_client_waits_for() {
+        let mds = serde_json::json!({"requests": [{"tid": 9, "op": "setfilelock"}]});
+        let objecter = serde_json::json!({
+            "ops": [{"tid": 1}, {"tid": 2}],
+            "linger_ops": [{"linger_id": 1}],
+            "pool_ops": [],
+            "pool_stat_ops": [],
+            "statfs_ops": [{"tid": 3}],
+            "command_ops": []
+        });
+        assert_eq!(
+            ClientWaits::from_answers(&mds, &objecter),
+            ClientWaits {
+                mds_requests: 1,
+                osd_ops: 3
+            }
+        );
+        let nothing = serde_json::json!({});
+        assert_eq!(
+            ClientWaits::from_answers(&nothing, &nothing),
+            ClientWaits::default()
+        );
     }
 
     #[test]

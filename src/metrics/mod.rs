@@ -9,11 +9,14 @@
 //! time on the control plane.
 //!
 //! Hooks for other parts of the daemon: [`global`] then [`Metrics::record_request`] (server),
-//! [`Metrics::queue_enter`] (vhost-user), [`quarantine_denied`] (quarantine gate).
+//! [`Metrics::queue_enter`] (vhost-user), [`quarantine_denied`] (quarantine gate),
+//! [`inflight::track`] (server: the request each thread serves, for the [`watchdog`]).
 
 pub mod ceph;
 pub mod endpoint;
+pub mod inflight;
 pub mod text;
+pub mod watchdog;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -62,6 +65,10 @@ pub struct Metrics {
     negative_lookups: AtomicU64,
     queue_depth: [AtomicI64; QUEUE_SLOTS],
     quarantine_denials: AtomicU64,
+    /// Requests that were in flight longer than `--slow-request-secs`, by opcode.
+    slow_requests: [AtomicU64; OPCODE_SLOTS],
+    /// Requests in flight longer than the bound at the watchdog's last scan.
+    requests_stuck: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -189,6 +196,8 @@ impl Metrics {
             negative_lookups: ZERO,
             queue_depth: [const { AtomicI64::new(0) }; QUEUE_SLOTS],
             quarantine_denials: ZERO,
+            slow_requests: [ZERO; OPCODE_SLOTS],
+            requests_stuck: ZERO,
         }
     }
 
@@ -260,6 +269,31 @@ impl Metrics {
     /// Quarantine denials counted so far.
     pub fn quarantine_denials(&self) -> u64 {
         self.quarantine_denials.load(Ordering::Relaxed)
+    }
+
+    /// Count a request that was in flight longer than `--slow-request-secs` (once per request;
+    /// see [`watchdog`]).
+    pub fn record_slow_request(&self, opcode: u32) {
+        if let Some(c) = self.slow_requests.get(opcode_slot(opcode)) {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Slow requests of `opcode` counted so far.
+    pub fn slow_requests(&self, opcode: u32) -> u64 {
+        self.slow_requests
+            .get(opcode_slot(opcode))
+            .map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
+    /// How many requests the watchdog's last scan found in flight past the bound.
+    pub fn set_requests_stuck(&self, n: u64) {
+        self.requests_stuck.store(n, Ordering::Relaxed);
+    }
+
+    /// The value set by [`Metrics::set_requests_stuck`].
+    pub fn requests_stuck(&self) -> u64 {
+        self.requests_stuck.load(Ordering::Relaxed)
     }
 
     /// Write every metric family of this process: request counters, then `fs` gauges and the
@@ -421,6 +455,37 @@ impl Metrics {
                 &counts,
                 Duration::from_nanos(sum_ns).as_secs_f64(),
             );
+        }
+        self.render_slow(w);
+    }
+
+    fn render_slow(&self, w: &mut TextWriter) {
+        w.family(
+            "ceph_virtiofsd_fuse_requests_stuck",
+            Kind::Gauge,
+            "FUSE requests in flight for longer than --slow-request-secs, at the watchdog's last \
+             scan (every second; 0 when the watchdog is off).",
+        );
+        w.sample(
+            "ceph_virtiofsd_fuse_requests_stuck",
+            &[],
+            self.requests_stuck.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_fuse_slow_requests_total",
+            Kind::Counter,
+            "FUSE requests that were in flight for longer than --slow-request-secs, by opcode \
+             (each counted once, when first seen past the bound or when it finished).",
+        );
+        for (op, c) in self.slow_requests.iter().enumerate() {
+            let n = c.load(Ordering::Relaxed);
+            if n > 0 {
+                w.sample(
+                    "ceph_virtiofsd_fuse_slow_requests_total",
+                    &[("op", opcode_name(op))],
+                    n,
+                );
+            }
         }
     }
 }
@@ -651,6 +716,9 @@ mod tests {
         let depth = M.queue_enter(1);
         let _deep = M.queue_enter(1000);
         M.record_quarantine_denial();
+        M.record_slow_request(FUSE_WRITE);
+        M.record_slow_request(u32::MAX);
+        M.set_requests_stuck(2);
 
         struct Fs;
         impl FsStats for Fs {
@@ -683,6 +751,9 @@ mod tests {
             "ceph_virtiofsd_quarantine_denials_total 1",
             "ceph_virtiofsd_inodes 5",
             "ceph_virtiofsd_handles 2",
+            "ceph_virtiofsd_fuse_requests_stuck 2",
+            "ceph_virtiofsd_fuse_slow_requests_total{op=\"WRITE\"} 1",
+            "ceph_virtiofsd_fuse_slow_requests_total{op=\"UNKNOWN\"} 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::mem::size_of;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::{
     AttrOut, CopyFileRangeIn, FileLock as AbiFileLock, GetattrIn, InHeader, InitIn, LkIn,
@@ -39,6 +39,22 @@ pub(crate) struct TestFs {
     copies: Mutex<Vec<CopyArgs>>,
     /// (opcode, served by a pool worker) of GETATTR and LOOKUP requests, in serving order.
     served: Mutex<Vec<(u32, bool)>>,
+    /// A lock held by "another client": SETLKW on handle [`HELD_FH`] waits while it is true.
+    held: (Mutex<bool>, std::sync::Condvar),
+}
+
+/// The handle whose SETLKW waits for [`TestFs::release_lock`].
+const HELD_FH: u64 = 77;
+
+impl TestFs {
+    fn hold_lock(&self) {
+        *self.held.0.lock().unwrap_or_else(PoisonError::into_inner) = true;
+    }
+
+    fn release_lock(&self) {
+        *self.held.0.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        self.held.1.notify_all();
+    }
 }
 
 impl TestFs {
@@ -108,6 +124,17 @@ impl FileSystem for TestFs {
         lock: FileLock,
         _flags: u32,
     ) -> io::Result<()> {
+        if handle == HELD_FH {
+            let mut held = self.held.0.lock().unwrap_or_else(PoisonError::into_inner);
+            while *held {
+                held = self
+                    .held
+                    .1
+                    .wait(held)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+            return Ok(());
+        }
         assert_eq!((handle, owner, lock.start, lock.end), (7, 9, 0, u64::MAX));
         Ok(())
     }
@@ -524,6 +551,80 @@ fn setlkw_waits_instead_of_failing_like_setlk() {
     assert_eq!((out.error, out.unique), (0, 6), "SETLKW reached setlkw");
     let out: OutHeader = driver.read(at_once);
     assert_eq!((out.error, out.unique), (-libc::EAGAIN, 7));
+}
+
+/// The request a serving thread's slot shows with this unique, if any.
+fn in_flight(unique: u64) -> Option<crate::metrics::inflight::Snapshot> {
+    crate::metrics::inflight::registry()
+        .slots()
+        .iter()
+        .filter_map(|s| s.read())
+        .find(|r| r.info.unique == unique)
+}
+
+#[test]
+fn a_blocked_request_is_visible_in_flight_until_answered() {
+    use crate::metrics::inflight;
+    // Tracking stays on for the rest of this test process (other tests may rely on it).
+    inflight::set_slow_bound(Duration::from_secs(3600));
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(2, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    fs.hold_lock();
+    let unique = 0x5e7_1c3;
+    let lk = LkIn {
+        fh: HELD_FH,
+        owner: 9,
+        lk: AbiFileLock {
+            start: 4096,
+            end: 8191,
+            type_: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        lk_flags: 0,
+        padding: 0,
+    };
+    let before = Instant::now();
+    let blocking = driver.submit(&request(FUSE_SETLKW, unique, 42, lk), 64);
+    kick(&backend, &vring, 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        if let Some(r) = in_flight(unique) {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "the blocked SETLKW never showed");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert_eq!(
+        seen.info,
+        inflight::RequestInfo {
+            opcode: FUSE_SETLKW,
+            unique,
+            node: 42,
+            queue: 1,
+            fh: Some(HELD_FH),
+            offset: Some(4096),
+            size: Some(4096),
+        }
+    );
+    assert!(seen.started_ns >= inflight::clock_ns(before));
+    fs.release_lock();
+    wait_used(&driver, 1);
+    let out: OutHeader = driver.read(blocking);
+    assert_eq!((out.error, out.unique), (0, unique));
+    // The worker clears its slot right after writing the reply.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while in_flight(unique).is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the answered SETLKW stayed in flight"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 #[test]
