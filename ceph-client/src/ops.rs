@@ -8,8 +8,22 @@ use crate::file::File;
 use crate::inode::Inode;
 use crate::mount::{Mount, Vino};
 use crate::perm::UserPerm;
-use crate::statx::{Statx, CEPH_NOSNAP, CEPH_STATX_ALL_STATS};
+use crate::statx::{
+    Statx, Timespec, CEPH_NOSNAP, CEPH_SETATTR_MTIME, CEPH_SETATTR_MTIME_NOW, CEPH_SETATTR_SIZE,
+    CEPH_STATX_ALL_STATS, CEPH_STATX_SIZE,
+};
 use crate::sys;
+
+/// The wall clock as a CephFS timestamp (for the mtime of a truncation).
+fn now() -> Timespec {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timespec {
+        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        tv_nsec: i64::from(d.subsec_nanos()),
+    }
+}
 
 /// Longest symlink target returned by `readlink` (1 MiB); CephFS itself caps targets far lower.
 const MAX_READLINK: usize = 1 << 20;
@@ -303,7 +317,61 @@ impl Mount {
     }
 
     /// `ceph_ll_open` with `O_*` flags (`O_CREAT` is not allowed here: use `create`).
+    ///
+    /// `O_TRUNC` never reaches libcephfs: the file is opened without it and then truncated
+    /// with [`Mount::truncate_to_zero`], because an OPEN that truncates can leave later writes
+    /// of this client waiting forever for a `max_size` grant (see `truncate_to_zero`). The
+    /// errors are those of the O_TRUNC open (EACCES without write permission); on an error
+    /// after the open, the new handle is closed again.
     pub fn open(&self, inode: &Inode, oflags: i32, perms: &UserPerm) -> Result<File> {
+        if oflags & libc::O_TRUNC == 0 {
+            return self.open_mds_truncate(inode, oflags, perms);
+        }
+        let file = self.open_mds_truncate(inode, oflags & !libc::O_TRUNC, perms)?;
+        self.truncate_to_zero(inode, perms)?;
+        Ok(file)
+    }
+
+    /// Truncate to size 0 the way an `O_TRUNC` open must be done on libcephfs 16 (the client
+    /// code below is unchanged in Ceph's main branch): with a SETATTR, never with an OPEN that
+    /// carries `O_TRUNC`. Also sets mtime (and so ctime) to now, as POSIX wants of O_TRUNC on
+    /// an existing file, with the `_NOW` bit so that a non-owner with write permission may.
+    ///
+    /// Why. `Client::get_caps` sets `wanted_max_size = endoff` for any write that ends past
+    /// twice the file size, even when it ends below the current `max_size` (the first write
+    /// into an empty file, retried after the MDS granted the larger max_size, does exactly
+    /// that). The next cap message the client sends while it wants Fw (the ack of a cap
+    /// revoke, a flush) copies it into `requested_max_size`; the MDS ignores the request (its
+    /// writable range is already larger), so no grant ever resets the pair. An OPEN with
+    /// `O_TRUNC` then makes the MDS reset this client's writable range to one layout
+    /// increment (`Server::do_open_truncate`: 0-4 MiB); the reply installs `max_size` = 4 MiB
+    /// (`add_update_inode`) and the cap grant does not reset the pair either (only a
+    /// max_size *above* `wanted_max_size` does). A write ending between 4 MiB and the stale
+    /// `wanted_max_size` now waits for max_size in `get_caps` and never asks the MDS for it
+    /// (`wanted_max_size` is not below `requested_max_size`): it blocks forever. A SETATTR
+    /// truncation leaves the writable range as it is (`Locker::calc_new_client_ranges` only
+    /// grows it), so max_size stays above any stale `wanted_max_size` and nothing waits.
+    /// Costs one SETATTR request; the open itself then needs no MDS request when the caps
+    /// are already held. Writes are unaffected (still no MDS request each).
+    pub fn truncate_to_zero(&self, inode: &Inode, perms: &UserPerm) -> Result<()> {
+        let st = Statx {
+            stx_size: 0,
+            stx_mtime: now(),
+            ..Default::default()
+        };
+        self.setattr(
+            inode,
+            &st,
+            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW,
+            perms,
+        )
+    }
+
+    /// `ceph_ll_open` exactly as asked, `O_TRUNC` included: the libcephfs path that can leave
+    /// later writes blocked forever (see [`Mount::truncate_to_zero`]). For tests that show
+    /// the libcephfs bug; use [`Mount::open`].
+    #[doc(hidden)]
+    pub fn open_mds_truncate(&self, inode: &Inode, oflags: i32, perms: &UserPerm) -> Result<File> {
         let mut fh = std::ptr::null_mut();
         // SAFETY: mount and inode live; `fh` a valid out pointer.
         let ret = unsafe {
@@ -315,8 +383,45 @@ impl Mount {
     }
 
     /// `ceph_ll_create`: create (or, without `O_EXCL`, open) `name` in `parent` and open it.
+    ///
+    /// As in [`Mount::open`], `O_TRUNC` is not passed to libcephfs: an existing file that is
+    /// not empty is truncated with [`Mount::truncate_to_zero`] and its attributes read again
+    /// (from the caps just obtained). A new file needs nothing, so creating costs no extra
+    /// request. (An existing *empty* file keeps its mtime: it cannot be told apart from a new
+    /// one here, and truncating it would change no data.)
     #[allow(clippy::too_many_arguments)]
     pub fn create(
+        &self,
+        parent: &Inode,
+        name: &CStr,
+        mode: u32,
+        oflags: i32,
+        want: u32,
+        flags: u32,
+        perms: &UserPerm,
+    ) -> Result<(Inode, Statx, File)> {
+        if oflags & libc::O_TRUNC == 0 {
+            return self.create_unsplit(parent, name, mode, oflags, want, flags, perms);
+        }
+        let (inode, stx, file) = self.create_unsplit(
+            parent,
+            name,
+            mode,
+            oflags & !libc::O_TRUNC,
+            want,
+            flags,
+            perms,
+        )?;
+        if stx.stx_size == 0 {
+            return Ok((inode, stx, file));
+        }
+        self.truncate_to_zero(&inode, perms)?;
+        let stx = self.getattr(&inode, want | CEPH_STATX_SIZE, flags, perms)?;
+        Ok((inode, stx, file))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn create_unsplit(
         &self,
         parent: &Inode,
         name: &CStr,
