@@ -301,6 +301,9 @@ fn peek<S: BitmapSlice>(r: &mut Reader<'_, S>, buf: &mut [u8]) -> usize {
     n
 }
 
+/// A lock's end at or past this means "to end of file": Linux sends OFFSET_MAX (i64::MAX).
+const TO_END_OF_FILE: u64 = i64::MAX as u64;
+
 /// Where a request's in-struct keeps the handle, offset and size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum ArgsLayout {
@@ -311,7 +314,8 @@ enum ArgsLayout {
     FhOffsetSize32,
     /// fuse_fallocate_in: fh, offset, u64 length.
     FhOffsetSize64,
-    /// fuse_lk_in: fh, owner, then the range [start, end] (end u64::MAX: to end of file).
+    /// fuse_lk_in: fh, owner, then the range [start, end] (end [`TO_END_OF_FILE`] or more:
+    /// to end of file, no size).
     Lock,
     /// fuse_copy_file_range_in: fh_in, off_in, nodeid_out, fh_out, off_out, len.
     CopyRange,
@@ -367,7 +371,7 @@ impl ArgsLayout {
                 let (start, end) = (u64_at(16), u64_at(24));
                 let size = start
                     .zip(end)
-                    .filter(|(_, e)| *e != u64::MAX)
+                    .filter(|(_, e)| *e < TO_END_OF_FILE)
                     .map(|(s, e)| e.saturating_sub(s).saturating_add(1));
                 (u64_at(0), start, size)
             }
@@ -480,11 +484,13 @@ mod tests {
             lk_flags: 0,
             padding: 0,
         };
-        assert_eq!(
-            ArgsLayout::of(FUSE_SETLKW).parse(lk(0, u64::MAX).as_slice()),
-            (Some(7), Some(0), None),
-            "a lock to the end of file has no size"
-        );
+        for to_end in [i64::MAX as u64, u64::MAX] {
+            assert_eq!(
+                ArgsLayout::of(FUSE_SETLKW).parse(lk(0, to_end).as_slice()),
+                (Some(7), Some(0), None),
+                "a lock to the end of file has no size"
+            );
+        }
         assert_eq!(
             ArgsLayout::of(FUSE_SETLKW).parse(lk(100, 199).as_slice()),
             (Some(7), Some(100), Some(100))

@@ -5,7 +5,10 @@
 //! daemon sets one when metrics are on). We ask it `mds_sessions` (one entry per MDS session with
 //! its state: opening/open/stale/closing ...; and the caps held) and `mds_requests` (metadata
 //! requests sent and not yet answered). Protocol: send the JSON command and a NUL byte; the answer
-//! is a 4-byte big-endian length and that many bytes of JSON.
+//! is a 4-byte big-endian length and that many bytes of JSON. libcephfs writes its
+//! `mds_requests` answer as one object with a key "request" per request
+//! (`{"request": {...}, "request": {...}}`): a JSON map keeps only one of them, so those keys are
+//! counted as they are parsed ([`count_mds_requests`]).
 //!
 //! The admin socket also answers `config show`, which includes secrets: keep its directory
 //! private (it is created next to the vhost-user socket by default).
@@ -37,8 +40,8 @@ pub struct CephHealth {
 }
 
 impl CephHealth {
-    /// Build from the JSON answers of `mds_sessions` and `mds_requests`.
-    pub fn from_answers(sessions: &Value, requests: &Value) -> CephHealth {
+    /// Build from the JSON answer of `mds_sessions` and the count of `mds_requests`.
+    pub fn from_answers(sessions: &Value, requests_in_flight: u64) -> CephHealth {
         let sessions = sessions
             .get("sessions")
             .and_then(Value::as_array)
@@ -57,10 +60,6 @@ impl CephHealth {
                     .collect()
             })
             .unwrap_or_default();
-        let requests_in_flight = requests
-            .get("requests")
-            .and_then(Value::as_array)
-            .map_or(0, |r| u64::try_from(r.len()).unwrap_or(u64::MAX));
         CephHealth {
             up: true,
             sessions,
@@ -71,9 +70,9 @@ impl CephHealth {
     /// Ask the admin socket at `path`; `up: false` when it does not answer.
     pub async fn query(path: &Path) -> CephHealth {
         let sessions = command(path, "mds_sessions").await;
-        let requests = command(path, "mds_requests").await;
+        let requests = mds_requests(path).await;
         match (sessions, requests) {
-            (Ok(s), Ok(r)) => CephHealth::from_answers(&s, &r),
+            (Ok(s), Ok(r)) => CephHealth::from_answers(&s, r),
             (Err(e), _) | (_, Err(e)) => {
                 tracing::debug!(socket = %path.display(), error = %e, "libcephfs admin socket did not answer");
                 CephHealth::default()
@@ -158,10 +157,10 @@ fn list_len(v: &Value, key: &str) -> u64 {
 }
 
 impl ClientWaits {
-    /// Build from the JSON answers of `mds_requests` and `objecter_requests`.
-    pub fn from_answers(mds_requests: &Value, objecter: &Value) -> ClientWaits {
+    /// Build from the count of `mds_requests` and the JSON answer of `objecter_requests`.
+    pub fn from_answers(mds_requests: u64, objecter: &Value) -> ClientWaits {
         ClientWaits {
-            mds_requests: list_len(mds_requests, "requests"),
+            mds_requests,
             osd_ops: OBJECTER_WAITS
                 .iter()
                 .map(|k| list_len(objecter, k))
@@ -171,21 +170,78 @@ impl ClientWaits {
 
     /// Ask the admin socket at `path`.
     pub async fn query(path: &Path) -> std::io::Result<ClientWaits> {
-        let mds = command(path, "mds_requests").await?;
+        let mds = mds_requests(path).await?;
         let objecter = command(path, "objecter_requests").await?;
-        Ok(ClientWaits::from_answers(&mds, &objecter))
+        Ok(ClientWaits::from_answers(mds, &objecter))
     }
+}
+
+/// How many metadata requests libcephfs has sent and not had answered (`mds_requests`).
+async fn mds_requests(path: &Path) -> std::io::Result<u64> {
+    let answer = command_raw(path, "mds_requests").await?;
+    count_mds_requests(&answer).map_err(std::io::Error::other)
+}
+
+/// The number of requests in an `mds_requests` answer: each key "request" of the top object
+/// (libcephfs's format), plus the length of a "requests" list should a release write one.
+pub fn count_mds_requests(answer: &[u8]) -> serde_json::Result<u64> {
+    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    struct Count(u64);
+    struct CountKeys;
+
+    impl<'de> Visitor<'de> for CountKeys {
+        type Value = Count;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Count, A::Error> {
+            let mut n = 0u64;
+            while let Some(key) = map.next_key::<String>()? {
+                match key.as_str() {
+                    "request" => {
+                        map.next_value::<IgnoredAny>()?;
+                        n = n.saturating_add(1);
+                    }
+                    "requests" => {
+                        let list = map.next_value::<Vec<IgnoredAny>>()?;
+                        n = n.saturating_add(u64::try_from(list.len()).unwrap_or(u64::MAX));
+                    }
+                    _ => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(Count(n))
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Count {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Count, D::Error> {
+            d.deserialize_map(CountKeys)
+        }
+    }
+
+    serde_json::from_slice::<Count>(answer).map(|c| c.0)
 }
 
 /// One admin socket command, with a deadline.
 pub async fn command(path: &Path, prefix: &str) -> std::io::Result<Value> {
+    let answer = command_raw(path, prefix).await?;
+    serde_json::from_slice(&answer).map_err(std::io::Error::other)
+}
+
+/// One admin socket command, with a deadline: the answer's bytes.
+pub async fn command_raw(path: &Path, prefix: &str) -> std::io::Result<Vec<u8>> {
     match tokio::time::timeout(TIMEOUT, command_inner(path, prefix)).await {
         Ok(result) => result,
         Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
     }
 }
 
-async fn command_inner(path: &Path, prefix: &str) -> std::io::Result<Value> {
+async fn command_inner(path: &Path, prefix: &str) -> std::io::Result<Vec<u8>> {
     let mut stream = UnixStream::connect(path).await?;
     let mut request = serde_json::json!({ "prefix": prefix })
         .to_string()
@@ -201,7 +257,7 @@ async fn command_inner(path: &Path, prefix: &str) -> std::io::Result<Value> {
     }
     let mut body = vec![0u8; usize::try_from(len).unwrap_or(0)];
     stream.read_exact(&mut body).await?;
-    serde_json::from_slice(&body).map_err(std::io::Error::other)
+    Ok(body)
 }
 
 #[cfg(test)]
@@ -218,8 +274,7 @@ mod tests {
             ],
             "mdsmap_epoch": 7
         });
-        let requests = serde_json::json!({"requests": [{"tid": 1}, {"tid": 2}]});
-        let h = CephHealth::from_answers(&sessions, &requests);
+        let h = CephHealth::from_answers(&sessions, 2);
         assert!(h.up);
         assert_eq!(h.requests_in_flight, 2);
         assert_eq!(h.sessions.len(), 2);
@@ -241,8 +296,24 @@ mod tests {
     }
 
     #[test]
+    fn counts_mds_requests_in_libcephfs_format() {
+        // What libcephfs 16.2 answers: one "request" key per request, in one object.
+        let two = br##"{
+            "request": {"tid": 6, "op": "setfilelock", "path": "#0x100000013ca", "age": 2.05},
+            "request": {"tid": 7, "op": "getattr", "path": "#0x1", "age": 0.1}
+        }"##;
+        assert_eq!(count_mds_requests(two).ok(), Some(2));
+        assert_eq!(count_mds_requests(b"{}").ok(), Some(0));
+        assert_eq!(
+            count_mds_requests(br#"{"requests": [{"tid": 1}, {"tid": 2}, {"tid": 3}]}"#).ok(),
+            Some(3)
+        );
+        assert!(count_mds_requests(b"[1]").is_err());
+        assert!(count_mds_requests(b"{\"request\": ").is_err());
+    }
+
+    #[test]
     fn parses_what_the_client_waits_for() {
-        let mds = serde_json::json!({"requests": [{"tid": 9, "op": "setfilelock"}]});
         let objecter = serde_json::json!({
             "ops": [{"tid": 1}, {"tid": 2}],
             "linger_ops": [{"linger_id": 1}],
@@ -252,7 +323,7 @@ mod tests {
             "command_ops": []
         });
         assert_eq!(
-            ClientWaits::from_answers(&mds, &objecter),
+            ClientWaits::from_answers(1, &objecter),
             ClientWaits {
                 mds_requests: 1,
                 osd_ops: 3
@@ -260,7 +331,7 @@ mod tests {
         );
         let nothing = serde_json::json!({});
         assert_eq!(
-            ClientWaits::from_answers(&nothing, &nothing),
+            ClientWaits::from_answers(0, &nothing),
             ClientWaits::default()
         );
     }
@@ -302,7 +373,7 @@ mod tests {
                         Some("mds_sessions") => {
                             r#"{"sessions":[{"mds":0,"num_caps":3,"state":"open"}]}"#
                         }
-                        Some("mds_requests") => r#"{"requests":[]}"#,
+                        Some("mds_requests") => r#"{"request":{"tid":1},"request":{"tid":2}}"#,
                         other => panic!("unexpected command {other:?}"),
                     };
                     let len = u32::try_from(answer.len()).unwrap_or(0);
@@ -321,7 +392,7 @@ mod tests {
             CephHealth {
                 up: true,
                 sessions: vec![(0, "open".to_owned(), 3)],
-                requests_in_flight: 0,
+                requests_in_flight: 2,
             }
         );
         let missing = rt.block_on(CephHealth::query(&dir.join("none.asok")));
