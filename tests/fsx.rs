@@ -15,9 +15,9 @@ use std::time::Instant;
 
 use common::{run_guest, Daemon, Lab};
 
-/// The operations per cache mode in CI: four modes make 120,000 in all. Sized by the time a
+/// The operations per cache mode in CI: four modes make 104,000 in all. Sized by the time a
 /// TCG guest needs (tests/guest/README.md, "fsx"): the whole test stays under ~8 minutes.
-const DEFAULT_OPS: u64 = 30_000;
+const DEFAULT_OPS: u64 = 26_000;
 
 /// fsx's configuration for one mode. The file grows to 12 MiB, so operations cross the 4 MiB
 /// object boundaries of the default layout and the max_size increments the MDS grants.
