@@ -14,6 +14,8 @@ const DATA_BUDGET: u64 = 48 << 20;
 
 pub struct Gen {
     pub rng: Rng,
+    /// The model's entries by kind, rebuilt when the tree changes.
+    view: Option<(u64, View)>,
     /// Share of data operations, in percent.
     pub data_pct: u64,
     /// One large-directory round in this many operations (0: never).
@@ -43,6 +45,7 @@ impl Gen {
             data_pct,
             bigdir_every,
             bigdirs: 0,
+            view: None,
         }
     }
 
@@ -79,12 +82,17 @@ impl Gen {
                 seed: self.rng.next_u64(),
             };
         }
-        let v = Gen::view(&w.m);
-        if self.rng.pct(self.data_pct) {
+        let v = match self.view.take() {
+            Some((g, v)) if g == w.m.generation => v,
+            _ => Gen::view(&w.m),
+        };
+        let op = if self.rng.pct(self.data_pct) {
             self.data(w, &v)
         } else {
             self.meta(w, &v)
-        }
+        };
+        self.view = Some((w.m.generation, v));
+        op
     }
 
     fn new_path(&mut self, v: &View, dirs_only_shallow: bool) -> String {
@@ -158,23 +166,23 @@ impl Gen {
         let m = &w.m;
         let crowded = v.entries.len() > 150;
         let weights = [
-            if crowded { 2 } else { 10 }, // create
-            if crowded { 1 } else { 4 },  // mkdir
-            4,                            // rmdir
-            if crowded { 20 } else { 8 }, // unlink
-            4,                            // link
-            3,                            // symlink
-            2,                            // readlink
-            12,                           // rename
-            6,                            // chmod
-            5,                            // chown
-            8,                            // utimens
-            4,                            // setxattr
-            3,                            // getxattr
-            2,                            // listxattr
-            3,                            // removexattr
-            3,                            // stat
-            4,                            // readdir
+            if crowded { 2 } else { 10 },    // create
+            if crowded { 1 } else { 4 },     // mkdir
+            4,                               // rmdir
+            if crowded { 20 } else { 8 },    // unlink
+            4,                               // link
+            3,                               // symlink
+            2,                               // readlink
+            12,                              // rename
+            6,                               // chmod
+            5,                               // chown
+            8,                               // utimens
+            if w.cfg.xattr { 4 } else { 0 }, // setxattr
+            if w.cfg.xattr { 3 } else { 0 }, // getxattr
+            if w.cfg.xattr { 2 } else { 0 }, // listxattr
+            if w.cfg.xattr { 3 } else { 0 }, // removexattr
+            3,                               // stat
+            4,                               // readdir
         ];
         let k = self.rng.weighted(&weights);
         let Some(entry) = self.entry(v) else {
@@ -394,11 +402,13 @@ impl Gen {
     }
 
     fn len(&mut self) -> usize {
-        match self.rng.below(20) {
-            0..=9 => self.rng.range(1, 4096) as usize,
-            10..=15 => self.rng.range(4097, 128 << 10) as usize,
-            16..=18 => self.rng.range(128 << 10, 1 << 20) as usize,
-            _ => self.rng.range(1 << 20, 4 << 20) as usize,
+        // Mostly small: under emulation moving bytes is what costs; far offsets still make
+        // files of up to --max-size, across 4 MiB object boundaries.
+        match self.rng.below(100) {
+            0..=59 => self.rng.range(1, 4096) as usize,
+            60..=89 => self.rng.range(4097, 64 << 10) as usize,
+            90..=97 => self.rng.range(64 << 10, 256 << 10) as usize,
+            _ => self.rng.range(256 << 10, 2 << 20) as usize,
         }
     }
 
@@ -533,7 +543,7 @@ impl Gen {
                 let s = sl.unwrap();
                 let size = m.size(s.id);
                 let off = self.rng.below(size + 8192);
-                let len = self.rng.range(1, 256 << 10) as usize;
+                let len = self.rng.range(1, 128 << 10) as usize;
                 let (off, len) = if s.direct {
                     Gen::align(off, len, max + (1 << 20))
                 } else {
@@ -550,7 +560,7 @@ impl Gen {
                     _ if w.cfg.mmap => Via::Mmap,
                     _ => Via::Buffered,
                 };
-                let (off, len) = if self.rng.pct(15) {
+                let (off, len) = if self.rng.pct(3) {
                     (0, size as usize + 1)
                 } else {
                     (
@@ -567,7 +577,7 @@ impl Gen {
             }
             6 => Op::Append {
                 path: self.rng.pick(&v.files).0.clone(),
-                len: self.rng.range(1, 64 << 10) as usize,
+                len: self.rng.range(1, 16 << 10) as usize,
                 seed: self.rng.next_u64(),
                 pwrite: self.rng.pct(30),
             },
@@ -635,7 +645,7 @@ impl Gen {
                 let sout = m.size(w.slots[dst].as_ref().unwrap().id);
                 let off_in = self.rng.below(sin + 4096);
                 let off_out = self.offset(sout, max);
-                let (off_out, len) = Gen::clip(off_out, self.rng.range(1, 1 << 20) as usize, max);
+                let (off_out, len) = Gen::clip(off_out, self.rng.range(1, 256 << 10) as usize, max);
                 Op::CopyRange {
                     src,
                     dst,

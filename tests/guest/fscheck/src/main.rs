@@ -4,6 +4,7 @@
 //! See tests/guest/README.md ("fscheck").
 
 mod check;
+mod data;
 mod generator;
 mod model;
 mod ops;
@@ -19,7 +20,7 @@ use ops::{Config, Op, World};
 
 const USAGE: &str = "usage: fscheck --dir DIR [--seed N] [--ops N] [--as-user UID:GID[:G1,G2...]]
                [--data-pct P] [--op-timeout SECS] [--time-slack MS] [--max-size BYTES]
-               [--verify-every N] [--bigdir-every N] [--no-direct] [--no-mmap]
+               [--verify-every N] [--bigdir-every N] [--no-direct] [--no-mmap] [--no-xattr]
                [--inject KIND] [--keep] [--quiet]
   Runs N seeded random operations in a fresh subdirectory of DIR and checks each against a model.
   --inject KIND  deliberately changes the tree behind the model's back at a random operation
@@ -40,6 +41,7 @@ struct Args {
     bigdir_every: u64,
     direct: bool,
     mmap: bool,
+    xattr: bool,
     inject: Option<String>,
     keep: bool,
     quiet: bool,
@@ -75,10 +77,11 @@ fn parse_args() -> Args {
         op_timeout: 60,
         slack_ms: 1000,
         max_size: 16 << 20,
-        verify_every: 250,
+        verify_every: 500,
         bigdir_every: 1500,
         direct: true,
         mmap: true,
+        xattr: true,
         inject: None,
         keep: false,
         quiet: false,
@@ -137,6 +140,7 @@ fn parse_args() -> Args {
                 match o {
                     "--no-direct" => a.direct = false,
                     "--no-mmap" => a.mmap = false,
+                    "--no-xattr" => a.xattr = false,
                     "--keep" => a.keep = true,
                     "--quiet" => a.quiet = true,
                     "-h" | "--help" => {
@@ -173,7 +177,7 @@ fn replay_line(a: &Args, ops: u64) -> String {
     if a.max_size != 16 << 20 {
         s += &format!(" --max-size {}", a.max_size);
     }
-    if a.verify_every != 250 {
+    if a.verify_every != 500 {
         s += &format!(" --verify-every {}", a.verify_every);
     }
     if a.bigdir_every != 1500 {
@@ -184,6 +188,9 @@ fn replay_line(a: &Args, ops: u64) -> String {
     }
     if !a.mmap {
         s += " --no-mmap";
+    }
+    if !a.xattr {
+        s += " --no-xattr";
     }
     if let Some(k) = &a.inject {
         s += &format!(" --inject {k}");
@@ -304,7 +311,13 @@ fn setup_foreign(m: &mut Model) {
         sys::pwrite_all(fd, &data, 0).unwrap();
         sys::close(fd).unwrap();
         sys::chmod(&m.real(&rel), mode).unwrap();
-        let id = m.alloc(Inode::new(Kind::File(data), mode, 0, 0, TimeExp::Known(0)));
+        let id = m.alloc(Inode::new(
+            Kind::File(data::Data::from(&data)),
+            mode,
+            0,
+            0,
+            TimeExp::Known(0),
+        ));
         m.add_entry(fid, name, id);
         adopt(m, &rel, id);
     }
@@ -398,6 +411,7 @@ fn main() {
         slack_ns: a.slack_ms as i128 * 1_000_000,
         direct: a.direct,
         mmap: a.mmap,
+        xattr: a.xattr,
         max_size: a.max_size,
     };
     let mut world = World::new(m, cfg);
@@ -430,6 +444,7 @@ fn main() {
     let started = sys::mono_ms();
     let mut history: VecDeque<String> = VecDeque::new();
     let mut verify_at: Option<u64> = None;
+    let mut injected_at: Option<u64> = None;
     let mut notes_shown = 0;
     let total = a.ops + 1;
     for i in 0..total {
@@ -453,6 +468,7 @@ fn main() {
             match world.inject(kind, *seed) {
                 Ok(what) => {
                     println!("fscheck: op #{i}: INJECTED fault ({kind}): {what}");
+                    injected_at = Some(i);
                     history.push_back(format!("#{i} INJECT {kind}: {what}"));
                     Ok(())
                 }
@@ -478,6 +494,9 @@ fn main() {
                 "fscheck: DIVERGENCE (seed {}) at operation #{i} of {}",
                 a.seed, a.ops
             );
+            if let Some(k) = injected_at {
+                println!("  (after the fault injected at op #{k}: caught)");
+            }
             println!("  op:       {desc}");
             println!("  observed: {}", d.0);
             println!("  last operations:");

@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::data::Data;
 use crate::sys::Errno;
 
 pub type Id = usize;
@@ -12,7 +13,7 @@ pub const S_ISGID: u32 = 0o2000;
 pub const S_IXGRP: u32 = 0o010;
 
 pub enum Kind {
-    File(Vec<u8>),
+    File(Data),
     Dir(BTreeMap<String, Id>),
     Symlink(String),
 }
@@ -117,14 +118,14 @@ impl Inode {
         matches!(self.kind, Kind::Symlink(_))
     }
 
-    pub fn data(&self) -> &Vec<u8> {
+    pub fn data(&self) -> &Data {
         match &self.kind {
             Kind::File(d) => d,
             _ => panic!("not a file"),
         }
     }
 
-    pub fn data_mut(&mut self) -> &mut Vec<u8> {
+    pub fn data_mut(&mut self) -> &mut Data {
         match &mut self.kind {
             Kind::File(d) => d,
             _ => panic!("not a file"),
@@ -200,6 +201,8 @@ pub struct Model {
     pub inos: HashMap<u64, Id>,
     /// fs.protected_hardlinks (link(2) of others' files, may_linkat).
     pub protected_hardlinks: bool,
+    /// Bumped whenever an entry is added or removed.
+    pub generation: u64,
 }
 
 impl Model {
@@ -213,6 +216,7 @@ impl Model {
             protected_hardlinks: std::fs::read_to_string("/proc/sys/fs/protected_hardlinks")
                 .map(|s| s.trim() == "1")
                 .unwrap_or(false),
+            generation: 0,
         }
     }
 
@@ -298,7 +302,7 @@ impl Model {
 
     pub fn size(&self, id: Id) -> u64 {
         match &self.get(id).kind {
-            Kind::File(d) => d.len() as u64,
+            Kind::File(d) => d.len(),
             Kind::Symlink(t) => t.len() as u64,
             Kind::Dir(_) => 0,
         }
@@ -358,6 +362,7 @@ impl Model {
     }
 
     pub fn add_entry(&mut self, parent: Id, name: &str, id: Id) {
+        self.generation += 1;
         match &mut self.get_mut(parent).kind {
             Kind::Dir(e) => {
                 e.insert(name.to_string(), id);
@@ -369,6 +374,7 @@ impl Model {
 
     /// Remove the entry; the inode goes once nothing names it and nothing has it open.
     pub fn remove_entry(&mut self, parent: Id, name: &str) -> Id {
+        self.generation += 1;
         let id = match &mut self.get_mut(parent).kind {
             Kind::Dir(e) => e.remove(name).expect("entry present"),
             _ => panic!("remove_entry from a non-directory"),
@@ -468,7 +474,7 @@ impl Model {
             .iter()
             .flatten()
             .map(|n| match &n.kind {
-                Kind::File(d) => d.len() as u64,
+                Kind::File(d) => d.len(),
                 _ => 0,
             })
             .sum()

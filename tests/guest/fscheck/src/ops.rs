@@ -245,6 +245,8 @@ pub struct Config {
     pub slack_ns: i128,
     pub direct: bool,
     pub mmap: bool,
+    /// user.* extended attributes (Linux 6.1's tmpfs has none).
+    pub xattr: bool,
     pub max_size: u64,
 }
 
@@ -495,7 +497,7 @@ impl World {
             let w = self.window(t0, t1);
             let (uid, gid, _) = self.m.new_owner(pid, false);
             let id = self.m.alloc(Inode::new(
-                Kind::File(Vec::new()),
+                Kind::File(Default::default()),
                 mode & 0o7777,
                 uid,
                 gid,
@@ -1056,7 +1058,7 @@ impl World {
                 let was_empty = self.m.size(id) == 0;
                 self.m.kill_on_write(id);
                 let n = self.m.get_mut(id);
-                n.data_mut().clear();
+                n.data_mut().truncate(0);
                 if was_empty {
                     n.mtime = n.mtime.old_or(w);
                     n.ctime = n.ctime.old_or(w);
@@ -1075,12 +1077,7 @@ impl World {
         }
         self.m.kill_on_write(id);
         let n = self.m.get_mut(id);
-        let d = n.data_mut();
-        let end = off as usize + bytes.len();
-        if d.len() < end {
-            d.resize(end, 0);
-        }
-        d[off as usize..end].copy_from_slice(bytes);
+        n.data_mut().write(off, bytes);
         n.set_times(true, true, w);
     }
 
@@ -1195,7 +1192,7 @@ impl World {
             (n.mtime.old_or(w), n.ctime.old_or(w))
         };
         let n = self.m.get_mut(s.id);
-        n.data_mut()[off as usize..off as usize + len].copy_from_slice(&data);
+        n.data_mut().write(off, &data);
         n.mtime = mt;
         n.ctime = ct;
         self.touch(s.id);
@@ -1276,7 +1273,7 @@ impl World {
         let old = self.m.size(id);
         self.m.kill_on_write(id);
         let n = self.m.get_mut(id);
-        n.data_mut().resize(len as usize, 0);
+        n.data_mut().truncate(len);
         if old == len {
             n.mtime = n.mtime.old_or(w);
             n.ctime = n.ctime.old_or(w);
@@ -1343,12 +1340,9 @@ impl World {
         self.m.maybe_kill_on_write(s.id);
         let n = self.m.get_mut(s.id);
         if mode & libc::FALLOC_FL_PUNCH_HOLE != 0 {
-            let e = (off + len).min(size) as usize;
-            if (off as usize) < e {
-                n.data_mut()[off as usize..e].fill(0);
-            }
+            n.data_mut().zero(off, len);
         } else if mode & libc::FALLOC_FL_KEEP_SIZE == 0 && off + len > size {
-            n.data_mut().resize((off + len) as usize, 0);
+            n.data_mut().truncate(off + len);
         }
         // Which times fallocate moves differs between filesystems.
         n.mtime = n.mtime.old_or(w);
@@ -1360,7 +1354,7 @@ impl World {
             s.fd,
             s.direct,
             off.saturating_sub(100),
-            (len + 200).min(1 << 20) as usize,
+            (len + 200).min(64 << 10) as usize,
             "read after fallocate",
         )
     }
@@ -1452,7 +1446,7 @@ impl World {
                     return Err("no non-empty writable file to flip a byte of".into());
                 };
                 let off = rng.below(self.m.size(id));
-                let b = self.m.get(id).data()[off as usize] ^ 0xff;
+                let b = self.m.get(id).data().byte(off) ^ 0xff;
                 let fd = sys::open(&real(&p), libc::O_WRONLY, 0).map_err(errname)?;
                 let r = sys::pwrite_all(fd, &[b], off);
                 let _ = sys::close(fd);
