@@ -306,6 +306,30 @@ fn truncate_sets_current_times() {
     }
 }
 
+/// ftruncate(2) needs a descriptor open for writing, not write permission on the file now: a
+/// file created with mode 0 can be truncated through the descriptor that created it (pjdfstest
+/// ftruncate::affected_create_flags_only), with its times set to now as above.
+#[test]
+fn ftruncate_through_the_creating_descriptor_of_a_mode_0_file() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-ftruncate0");
+    let user = ctx(65534, 65534);
+    let (ino, fh) = create_as(&fs, &user, 1, &c("f"), 0);
+    let mut attr = fs.getattr(&user, ino, None).unwrap().0;
+    attr.st_size = 1234;
+    let (st, _) = fs
+        .setattr(&user, ino, attr, Some(fh), SetattrValid::SIZE)
+        .unwrap();
+    assert_eq!(st.st_size, 1234);
+    // Without the descriptor, the mode decides.
+    attr.st_size = 0;
+    assert_eq!(
+        errno(fs.setattr(&user, ino, attr, None, SetattrValid::SIZE)),
+        libc::EACCES
+    );
+    fs.release(&user, ino, 0, fh, false, false, None).unwrap();
+}
+
 /// A directory's mtime and ctime move when an entry is added, removed or renamed in or out,
 /// also after the directory was given an explicit old time (`touch -d`).
 #[test]

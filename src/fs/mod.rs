@@ -914,7 +914,8 @@ impl FileSystem for CephFs {
         // ftruncate(2) needs only a descriptor open for writing, not write permission on the
         // file now (think of a file created with mode 0): libcephfs checks the mode, so a size
         // change through a writable handle of ours runs with root credentials.
-        let size_and_times = CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_CTIME;
+        let size_and_times =
+            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW | CEPH_SETATTR_CTIME;
         if through_writable_handle && mask & CEPH_SETATTR_SIZE != 0 && mask & !size_and_times == 0 {
             perm = self.perms.get(0, 0);
         }
