@@ -451,6 +451,41 @@ mod tests {
         println!("{seen} consistent reads");
     }
 
+    /// What tracking adds to a request, on and off. A measurement, not a check:
+    /// `cargo test --release --lib tracking_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "a measurement: run it alone, in release"]
+    fn tracking_cost() {
+        const N: u32 = 20_000_000;
+        let per_request = |bound: Duration| {
+            set_slow_bound(bound);
+            let start = Instant::now();
+            for i in 0..N {
+                let now = Instant::now();
+                let info = || RequestInfo {
+                    opcode: 3,
+                    unique: u64::from(i),
+                    node: 1,
+                    queue: 1,
+                    ..RequestInfo::default()
+                };
+                let tracked = std::hint::black_box(track(now, info));
+                // The server reads the clock once more per request anyway.
+                let elapsed = std::hint::black_box(now.elapsed());
+                if let Some(t) = tracked {
+                    t.finish(elapsed);
+                }
+            }
+            start.elapsed() / N
+        };
+        let (mut off, mut on) = (Duration::MAX, Duration::MAX);
+        for _ in 0..5 {
+            off = off.min(per_request(Duration::ZERO));
+            on = on.min(per_request(Duration::from_secs(3600)));
+        }
+        println!("per request, with its two clock reads (best of 5): off {off:?}, on {on:?}");
+    }
+
     #[test]
     fn clock_is_monotonic_from_first_use() {
         let a = clock_ns(Instant::now());
