@@ -174,6 +174,12 @@ fn guest_workload_is_counted() {
     assert!(must(&text, "ceph_virtiofsd_inodes") >= 1.0);
     assert!(value(&text, "ceph_virtiofsd_handles").is_some());
     assert_eq!(must(&text, "ceph_virtiofsd_quarantine_denials_total"), 0.0);
+    // The slow-request watchdog is on by default (30 s): nothing here came near it.
+    assert_eq!(must(&text, "ceph_virtiofsd_fuse_requests_stuck"), 0.0);
+    assert!(
+        !text.contains("ceph_virtiofsd_fuse_slow_requests_total{"),
+        "no request of this workload is slow"
+    );
     // libcephfs health from its admin socket: one open MDS session.
     assert_eq!(must(&text, "ceph_virtiofsd_ceph_admin_socket_up"), 1.0);
     assert!(must(&text, "ceph_virtiofsd_ceph_mds_sessions{state=\"open\"}") >= 1.0);
