@@ -12,8 +12,54 @@ const MAX_DEPTH: usize = 3;
 /// Past this much file data in the model, writes give way to truncates.
 const DATA_BUDGET: u64 = 48 << 20;
 
+/// Operation names (as `Op::name`) of the metadata and data weight tables, in order.
+const META_NAMES: &[&str] = &[
+    "create",
+    "mkdir",
+    "rmdir",
+    "unlink",
+    "link",
+    "symlink",
+    "readlink",
+    "rename",
+    "chmod",
+    "chown",
+    "utimens",
+    "setxattr",
+    "getxattr",
+    "listxattr",
+    "removexattr",
+    "stat",
+    "readdir",
+];
+const DATA_NAMES: &[&str] = &[
+    "open",
+    "close",
+    "write",
+    "mmap-write",
+    "read-fd",
+    "read-path",
+    "append",
+    "truncate",
+    "ftruncate",
+    "fallocate",
+    "copy_file_range",
+    "fsync",
+    "fadvise",
+    "drop_caches",
+];
+
+/// Every operation name --skip accepts.
+pub fn op_names() -> Vec<&'static str> {
+    let mut v: Vec<&str> = META_NAMES.iter().chain(DATA_NAMES).copied().collect();
+    v.push("bigdir");
+    v
+}
+
 pub struct Gen {
     pub rng: Rng,
+    /// Operations never generated (--skip), to explore past a known divergence.
+    pub skip: Vec<String>,
     /// The model's entries by kind, rebuilt when the tree changes.
     view: Option<(u64, View)>,
     /// Share of data operations, in percent.
@@ -46,7 +92,21 @@ impl Gen {
             bigdir_every,
             bigdirs: 0,
             view: None,
+            skip: Vec::new(),
         }
+    }
+
+    fn masked<const N: usize>(&self, w: &[u64; N], names: &[&str]) -> [u64; N] {
+        let mut out = *w;
+        for (i, n) in names.iter().enumerate() {
+            if self.skip.iter().any(|s| s == n) {
+                out[i] = 0;
+            }
+        }
+        if out.iter().all(|x| *x == 0) {
+            out[0] = 1;
+        }
+        out
     }
 
     fn view(m: &Model) -> View {
@@ -73,7 +133,10 @@ impl Gen {
     }
 
     pub fn next(&mut self, w: &World) -> Op {
-        if self.bigdir_every > 0 && self.rng.below(self.bigdir_every) == 0 {
+        if self.bigdir_every > 0
+            && self.rng.below(self.bigdir_every) == 0
+            && !self.skip.iter().any(|s| s == "bigdir")
+        {
             self.bigdirs += 1;
             return Op::BigDir {
                 path: format!("big{}", self.bigdirs),
@@ -184,7 +247,7 @@ impl Gen {
             3,                               // stat
             4,                               // readdir
         ];
-        let k = self.rng.weighted(&weights);
+        let k = self.rng.weighted(&self.masked(&weights, META_NAMES));
         let Some(entry) = self.entry(v) else {
             return Op::Create {
                 path: self.new_path(v, false),
@@ -479,7 +542,7 @@ impl Gen {
             2,                                 // fadvise
             if m.cred.root() { 1 } else { 0 }, // drop_caches
         ];
-        let mut k = self.rng.weighted(&weights);
+        let mut k = self.rng.weighted(&self.masked(&weights, DATA_NAMES));
         let slot_op = matches!(k, 1..=4 | 8 | 9..=12);
         if slot_op && slots.is_empty() {
             k = 0;

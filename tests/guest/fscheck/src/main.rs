@@ -21,10 +21,11 @@ use ops::{Config, Op, World};
 const USAGE: &str = "usage: fscheck --dir DIR [--seed N] [--ops N] [--as-user UID:GID[:G1,G2...]]
                [--data-pct P] [--op-timeout SECS] [--time-slack MS] [--max-size BYTES]
                [--verify-every N] [--bigdir-every N] [--no-direct] [--no-mmap] [--no-xattr]
-               [--inject KIND] [--keep] [--quiet]
+               [--skip OP[,OP...]] [--inject KIND] [--keep] [--quiet]
   Runs N seeded random operations in a fresh subdirectory of DIR and checks each against a model.
   --inject KIND  deliberately changes the tree behind the model's back at a random operation
                  (flip, chmod, stray, mtime, link, truncate): the run must then fail.
+  --skip OPS     never generates these operations (to look past a known divergence).
   Exit: 0 ok, 1 divergence, 2 usage or setup error, 3 an operation hung (--op-timeout).";
 
 struct Args {
@@ -43,6 +44,7 @@ struct Args {
     mmap: bool,
     xattr: bool,
     inject: Option<String>,
+    skip: Vec<String>,
     keep: bool,
     quiet: bool,
 }
@@ -83,6 +85,7 @@ fn parse_args() -> Args {
         mmap: true,
         xattr: true,
         inject: None,
+        skip: Vec::new(),
         keep: false,
         quiet: false,
     };
@@ -123,6 +126,20 @@ fn parse_args() -> Args {
             "--max-size" => a.max_size = num(i, o).max(1 << 16),
             "--verify-every" => a.verify_every = num(i, o),
             "--bigdir-every" => a.bigdir_every = num(i, o),
+            "--skip" => {
+                let v = argv
+                    .get(i + 1)
+                    .unwrap_or_else(|| usage_exit("--skip needs OP[,OP...]"));
+                for n in v.split(',').filter(|n| !n.is_empty()) {
+                    if !generator::op_names().contains(&n) {
+                        usage_exit(&format!(
+                            "--skip: unknown operation {n} (one of {:?})",
+                            generator::op_names()
+                        ));
+                    }
+                    a.skip.push(n.to_string());
+                }
+            }
             "--inject" => {
                 let k = argv
                     .get(i + 1)
@@ -191,6 +208,9 @@ fn replay_line(a: &Args, ops: u64) -> String {
     }
     if !a.xattr {
         s += " --no-xattr";
+    }
+    if !a.skip.is_empty() {
+        s += &format!(" --skip {}", a.skip.join(","));
     }
     if let Some(k) = &a.inject {
         s += &format!(" --inject {k}");
@@ -371,6 +391,9 @@ fn main() {
             Err(e) => setup_fail(format!("mkdir {b}: {}", sys::errname(e))),
         }
     }
+    if let Err(e) = std::env::set_current_dir(&base) {
+        setup_fail(format!("chdir {base}: {e}"));
+    }
     let euid = unsafe { libc::geteuid() };
     let egid = unsafe { libc::getegid() };
     let run_cred = a.as_user.clone().unwrap_or(Cred {
@@ -416,6 +439,7 @@ fn main() {
     };
     let mut world = World::new(m, cfg);
     let mut gen = generator::Gen::new(a.seed, a.data_pct, a.bigdir_every);
+    gen.skip = a.skip.clone();
     // The injection point and what follows it come from their own stream, so the operations
     // before it are the same as without --inject.
     let mut irng = rng::Rng::new(a.seed ^ 0x1f3c_7a5b_d00d_beef);
@@ -499,11 +523,23 @@ fn main() {
             }
             println!("  op:       {desc}");
             println!("  observed: {}", d.0);
+            for p in op.paths() {
+                println!("  model:    {}", world.describe(p));
+            }
+            let mut shown = Vec::new();
+            for s in world.slots.iter().flatten() {
+                if let Some(p) = world.m.path(s.id) {
+                    if !op.paths().contains(&p.as_str()) && !shown.contains(&s.id) {
+                        shown.push(s.id);
+                        println!("  open:     {}", world.describe(&p));
+                    }
+                }
+            }
             println!("  last operations:");
             for h in &history {
                 println!("    {h}");
             }
-            println!("  tree kept at {base}");
+            println!("  tree kept at {}", world.m.base);
             println!("  replay: {replay}");
             std::process::exit(1);
         }
@@ -527,6 +563,7 @@ fn main() {
         }
     }
     if !a.keep {
+        let _ = std::env::set_current_dir("/");
         remove_tree(&base);
     }
     if a.inject.is_some() {

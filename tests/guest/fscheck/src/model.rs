@@ -242,11 +242,13 @@ impl Model {
         }
     }
 
+    /// The path to hand to system calls: relative to the root of the model, which is the
+    /// working directory (one lookup less per call than an absolute path).
     pub fn real(&self, rel: &str) -> String {
         if rel.is_empty() {
-            self.base.clone()
+            ".".to_string()
         } else {
-            format!("{}/{}", self.base, rel)
+            rel.to_string()
         }
     }
 

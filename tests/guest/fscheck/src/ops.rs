@@ -193,6 +193,33 @@ pub enum Op {
 }
 
 impl Op {
+    /// The paths the operation names.
+    pub fn paths(&self) -> Vec<&str> {
+        match self {
+            Op::Link { from, to } | Op::Rename { from, to, .. } => vec![from, to],
+            Op::Create { path, .. }
+            | Op::Mkdir { path, .. }
+            | Op::Rmdir { path }
+            | Op::Unlink { path }
+            | Op::Symlink { path, .. }
+            | Op::Readlink { path }
+            | Op::Chmod { path, .. }
+            | Op::Chown { path, .. }
+            | Op::Utimens { path, .. }
+            | Op::SetXattr { path, .. }
+            | Op::GetXattr { path, .. }
+            | Op::ListXattr { path }
+            | Op::RemoveXattr { path, .. }
+            | Op::Stat { path }
+            | Op::Readdir { path, .. }
+            | Op::Open { path, .. }
+            | Op::ReadPath { path, .. }
+            | Op::Append { path, .. }
+            | Op::Truncate { path, .. } => vec![path],
+            _ => vec![],
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Op::Create { .. } => "create",
@@ -1402,6 +1429,46 @@ impl World {
             n + 200,
             "read after copy_file_range",
         )
+    }
+
+    /// What the model holds for `rel` and the descriptors of the pool, for a report.
+    pub fn describe(&self, rel: &str) -> String {
+        match self.m.lookup(rel) {
+            Err(e) => format!("{rel}: absent ({})", errname(e)),
+            Ok(id) => {
+                let n = self.m.get(id);
+                let names: Vec<String> = n
+                    .dentries
+                    .iter()
+                    .map(|(p, nm)| Model::join(&self.m.path(*p).unwrap_or_default(), nm))
+                    .collect();
+                let fds: Vec<String> = self
+                    .slots
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, s)| {
+                        s.as_ref().filter(|s| s.id == id).map(|s| {
+                            format!("slot {i}{}", if s.direct { " (O_DIRECT)" } else { "" })
+                        })
+                    })
+                    .collect();
+                format!(
+                    "{rel}: {} mode {:04o} {}:{} size {} nlink {} st_ino {} names {names:?}{}",
+                    n.type_name(),
+                    n.mode,
+                    n.uid,
+                    n.gid,
+                    self.m.size(id),
+                    self.m.nlink(id),
+                    n.ino.map_or("?".into(), |i| i.to_string()),
+                    if fds.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" open in {}", fds.join(", "))
+                    }
+                )
+            }
+        }
     }
 
     // ---- fault injection ------------------------------------------------------------------
