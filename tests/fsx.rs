@@ -5,7 +5,10 @@
 //!
 //! Every run prints its seed; `FSX_SEED=S` replays it (mode i runs seed S + i). `FSX_OPS=N`
 //! overrides the operation count per mode, `FSX_MODES=auto,never` picks modes, `FSX_MMAP=0|1`
-//! forces the mmap operations off or on. On a failure
+//! forces the mmap operations off or on.
+//!
+//! `guest_write_after_o_trunc_reopen_returns` is issue #12 item 7 in a guest: a write that hung
+//! forever in libcephfs after an O_TRUNC reopen (ceph-client/tests/max_size.rs has the analysis). On a failure
 //! fsx prints its last 1024 operations (the console is shown in full above the assertion).
 
 mod common;
@@ -153,4 +156,31 @@ fn fsx_cache_always() {
 #[test]
 fn fsx_cache_metadata() {
     run_fsx("metadata", 3);
+}
+
+/// Issue #12 item 7 through the daemon: a sparse write into an empty file, an O_TRUNC reopen,
+/// and a write at 6.2 MiB must not be left waiting for max_size (ceph-client's split O_TRUNC).
+#[test]
+fn guest_write_after_o_trunc_reopen_returns() {
+    let lab = Lab::get();
+    let name = format!("fsx-otrunc-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &["--cache", "never"]);
+    // busybox dd: 4 KiB at 14.4 MB into the new, empty file; truncate by reopening with
+    // O_TRUNC (the shell's `>`); 41,933 bytes at 6.2 MiB (seek 155 blocks of 41,933).
+    let script = "#!/bin/sh\n\
+         set -e\n\
+         dd if=/dev/zero of=/mnt/f bs=4096 seek=3515 count=1 conv=notrunc 2>/dev/null\n\
+         : > /mnt/f\n\
+         dd if=/dev/zero of=/mnt/f bs=41933 seek=155 count=1 conv=notrunc 2>/dev/null\n\
+         ls -l /mnt/f\n\
+         echo OTRUNC-DONE\n";
+    let run = run_guest(&lab, &work, &daemon, script, &[], 120);
+    assert_eq!(
+        run.code(),
+        0,
+        "the write after the O_TRUNC reopen did not return (124: guest timed out)"
+    );
+    assert!(run.console.contains("OTRUNC-DONE"));
 }
