@@ -352,7 +352,9 @@ impl Mount {
     /// truncation leaves the writable range as it is (`Locker::calc_new_client_ranges` only
     /// grows it), so max_size stays above any stale `wanted_max_size` and nothing waits.
     /// Costs one SETATTR request; the open itself then needs no MDS request when the caps
-    /// are already held. Writes are unaffected (still no MDS request each).
+    /// are already held. Writes are unaffected (still no MDS request each). Like any SETATTR
+    /// of the size by a non-root `perms`, it also clears setuid/setgid (libcephfs adds
+    /// CEPH_SETATTR_KILL_SGUID), as Linux does for a truncating caller without CAP_FSETID.
     pub fn truncate_to_zero(&self, inode: &Inode, perms: &UserPerm) -> Result<()> {
         let st = Statx {
             stx_size: 0,

@@ -289,6 +289,52 @@ fn o_trunc_open_keeps_its_meaning() {
     assert_eq!(f.size(&ino), 100, "nothing truncated");
 }
 
+/// What the split O_TRUNC does to setuid/setgid bits is what a SETATTR truncation (ftruncate)
+/// does: root keeps them; another user's truncation clears both (libcephfs adds
+/// CEPH_SETATTR_KILL_SGUID for non-root size changes), as Linux does for a caller without
+/// CAP_FSETID. The O_TRUNC OPEN cleared nothing and left that to the daemon's SB_NOSEC logic
+/// (which clears them when the guest flags FUSE_OPEN_KILL_SUIDGID, i.e. for exactly such a
+/// caller), so through the daemon the result is the same.
+#[test]
+fn o_trunc_open_treats_setuid_bits_like_ftruncate() {
+    let f = fixture("mode");
+    let user = UserPerm::new(1000, 1000, &[]);
+    let mode_after = |perm: &UserPerm, how: &str| -> u32 {
+        let (ino, a) = f.create(&format!("m-{}-{how}", perm.uid()), libc::O_RDWR);
+        write(&a, 0, 100, 0x11, "100 bytes");
+        drop(a);
+        let st = Statx {
+            stx_mode: 0o6777,
+            ..Default::default()
+        };
+        f.m.setattr(&ino, &st, CEPH_SETATTR_MODE, &f.root).unwrap();
+        let fl = libc::O_WRONLY | libc::O_TRUNC;
+        match how {
+            "open" => drop(f.m.open(&ino, fl, perm).unwrap()),
+            "mds-open" => drop(f.m.open_mds_truncate(&ino, fl, perm).unwrap()),
+            _ => {
+                f.m.setattr(&ino, &Statx::default(), CEPH_SETATTR_SIZE, perm)
+                    .unwrap()
+            }
+        }
+        let mode =
+            f.m.getattr(&ino, CEPH_STATX_MODE, 0, &f.root)
+                .unwrap()
+                .stx_mode;
+        u32::from(mode) & 0o7777
+    };
+    for how in ["open", "mds-open", "setattr"] {
+        assert_eq!(mode_after(&f.root, how), 0o6777, "root, {how}");
+    }
+    assert_eq!(mode_after(&user, "setattr"), 0o777, "uid 1000, ftruncate");
+    assert_eq!(mode_after(&user, "open"), 0o777, "uid 1000, O_TRUNC open");
+    assert_eq!(
+        mode_after(&user, "mds-open"),
+        0o6777,
+        "uid 1000, O_TRUNC OPEN to the MDS"
+    );
+}
+
 /// The libcephfs bug itself, through an OPEN that carries O_TRUNC to the MDS: the write is
 /// left waiting. Ignored by default because it leaves that thread blocked for good; when it
 /// starts failing, libcephfs is fixed and the split in `Mount::open` can go.
