@@ -84,3 +84,24 @@ fn command_line_overrides_example_config() {
     // Untouched values still come from the file.
     assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
 }
+
+/// Every option of `--help` (but those that make no sense in a file) is documented in the
+/// example configuration, so a new option cannot be left out of it.
+#[test]
+fn example_config_documents_every_option() {
+    use clap::CommandFactory;
+    let text = std::fs::read_to_string(example()).unwrap();
+    let not_in_a_file = ["config", "print-capabilities", "help", "version"];
+    let missing: Vec<String> = Args::command()
+        .get_arguments()
+        .filter(|a| !a.is_hide_set() && !a.is_hide_short_help_set())
+        .filter_map(|a| a.get_long())
+        .filter(|name| !not_in_a_file.contains(name))
+        .map(|name| format!("--{name}"))
+        .filter(|flag| !text.contains(flag.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "config/ceph-virtiofsd.toml does not mention {missing:?}"
+    );
+}
