@@ -9,6 +9,8 @@
 //! run prints its own replay command line too). `FSCHECK_OPS=N` sets the operations per run on
 //! the share (root and user runs alike), `FSCHECK_MODES=auto,never` picks modes,
 //! `FSCHECK_ARGS="--data-pct 100"` adds fscheck options to the runs on the share.
+//! `FSCHECK_REPLAY="--seed S --ops N ..."` boots only that run on the share (with `--keep`, and
+//! a listing of the tree it left), in the modes of `FSCHECK_MODES`.
 
 mod common;
 
@@ -118,7 +120,16 @@ fn run_mode(lab: &Lab, mode: &str, index: u64, base: u64, first: bool) -> ModeRe
     let n = ops(mode);
     let seed = |k: u64| base.wrapping_add(index * 16 + k);
     let mut script = String::from(SCRIPT_HEAD);
-    if first {
+    let replay = std::env::var("FSCHECK_REPLAY").ok();
+    if let Some(r) = &replay {
+        let r = r
+            .trim()
+            .trim_start_matches("fscheck")
+            .replace("--dir /mnt", "");
+        script += &run_line("replay", "ok", &format!("--dir /mnt --keep {r}"));
+        script += "ls -lniR /mnt\necho \"FSCHECK-DONE bad=$bad\"\nexit $bad\n";
+    }
+    if first && replay.is_none() {
         // The model against Linux itself: tmpfs (6.1's has no O_DIRECT).
         script += &run_line(
             "tmpfs-root",
@@ -158,20 +169,22 @@ fn run_mode(lab: &Lab, mode: &str, index: u64, base: u64, first: bool) -> ModeRe
         }
     }
     let extra = extra_args();
-    script += &run_line(
-        "share-root",
-        "ok",
-        &format!("--seed {} --ops {n} --dir /mnt {extra}", seed(10)),
-    );
-    script += &run_line(
-        "share-user",
-        "ok",
-        &format!(
-            "--seed {} --ops {n} --dir /mnt --as-user {USER} {extra}",
-            seed(11)
-        ),
-    );
-    script += "echo \"FSCHECK-DONE bad=$bad\"\nexit $bad\n";
+    if replay.is_none() {
+        script += &run_line(
+            "share-root",
+            "ok",
+            &format!("--seed {} --ops {n} --dir /mnt {extra}", seed(10)),
+        );
+        script += &run_line(
+            "share-user",
+            "ok",
+            &format!(
+                "--seed {} --ops {n} --dir /mnt --as-user {USER} {extra}",
+                seed(11)
+            ),
+        );
+        script += "echo \"FSCHECK-DONE bad=$bad\"\nexit $bad\n";
+    }
 
     let name = format!("fscheck-{mode}-{}", std::process::id());
     let export = lab.export_dir(&name);

@@ -1218,7 +1218,14 @@ impl World {
             let n = self.m.get(s.id);
             (n.mtime.old_or(w), n.ctime.old_or(w))
         };
+        // Linux kills no setuid/setgid on a page-fault write; a filesystem that kills them when
+        // the dirty pages reach it (CephFS does, for writes by non-root) errs on the safe side.
+        self.m.maybe_kill_on_write(s.id);
         let n = self.m.get_mut(s.id);
+        if let Some(killed) = n.mode_alt.take() {
+            n.mode_alt = Some(n.mode);
+            n.mode = killed;
+        }
         n.data_mut().write(off, &data);
         n.mtime = mt;
         n.ctime = ct;
