@@ -94,11 +94,11 @@ impl Watch {
             };
             let key = (request.slot, request.seq);
             let before = self.reported.get(&key).copied();
-            // First sight: count it, unless its thread just finished it and counted it itself.
-            if before.is_none() && !slot.claim(request.seq) {
-                continue;
-            }
             if before.is_none() {
+                // First sight: count it, unless its thread just finished it and counted it.
+                if !slot.claim(request.seq) {
+                    continue;
+                }
                 metrics.record_slow_request(request.info.opcode);
             }
             scan.stuck += 1;
