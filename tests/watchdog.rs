@@ -211,7 +211,7 @@ fn a_request_stuck_in_a_lock_wait_is_reported_counted_and_cleared() {
     held.setlk(&unlock, 1, false).unwrap();
     wait_for(
         &daemon,
-        Duration::from_secs(120),
+        Duration::from_secs(300),
         "the guest never got the lock",
         || exists(&m, &d, "lock-done"),
     );
