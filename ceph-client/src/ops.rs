@@ -410,11 +410,11 @@ impl Mount {
             name,
             mode,
             oflags & !libc::O_TRUNC,
-            want,
+            want | CEPH_STATX_SIZE,
             flags,
             perms,
         )?;
-        if stx.stx_size == 0 {
+        if stx.stx_mask & CEPH_STATX_SIZE != 0 && stx.stx_size == 0 {
             return Ok((inode, stx, file));
         }
         self.truncate_to_zero(&inode, perms)?;
