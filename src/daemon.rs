@@ -125,6 +125,7 @@ where
             return Err(e);
         }
     };
+    hand_admin_socket_to_user(config);
     // Least privilege: CephFS is mounted and the socket is open; nothing else needs privilege.
     if let Err(e) = crate::sandbox::enter(&config.sandbox) {
         signals.stop();
@@ -187,6 +188,26 @@ fn watchdog(config: &Config) -> Option<Watchdog> {
         bound,
         admin_socket,
     })
+}
+
+/// libcephfs created its admin socket as the starting user (root, with `--user`): once the
+/// daemon runs as `--user`, it could no longer connect to it, and the metrics' Ceph health and
+/// the watchdog's "waits on" would go blind. Give the socket to that user first. A failure only
+/// costs those figures: it is logged, not fatal.
+fn hand_admin_socket_to_user(config: &Config) {
+    let (Some(acct), Some(path)) = (&config.sandbox.user, config.ceph_admin_socket()) else {
+        return;
+    };
+    // Only a socket: `admin_socket` may name any path, and we chown nothing else.
+    let is_socket = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket());
+    if !is_socket {
+        return;
+    }
+    if let Err(e) = std::os::unix::fs::lchown(&path, Some(acct.uid), Some(acct.gid)) {
+        warn!(socket = %path.display(), user = %acct.name, error = %e,
+            "Cannot give the libcephfs admin socket to --user: Ceph health metrics and the \
+             slow-request watchdog will not know what libcephfs waits for");
+    }
 }
 
 /// How long a stop waits for requests in flight before giving up on them.

@@ -157,8 +157,10 @@ impl Watchdog {
 pub enum Waits {
     /// No admin socket is configured.
     NoSocket,
-    /// The admin socket did not answer.
-    NoAnswer(String),
+    /// The admin socket took the command but did not answer in time.
+    TimedOut,
+    /// The admin socket could not be asked (missing, refused, not allowed).
+    Unreachable(String),
     Known(ClientWaits),
 }
 
@@ -166,7 +168,8 @@ impl From<Option<std::io::Result<ClientWaits>>> for Waits {
     fn from(answer: Option<std::io::Result<ClientWaits>>) -> Self {
         match answer {
             None => Waits::NoSocket,
-            Some(Err(e)) => Waits::NoAnswer(e.to_string()),
+            Some(Err(e)) if e.kind() == std::io::ErrorKind::TimedOut => Waits::TimedOut,
+            Some(Err(e)) => Waits::Unreachable(e.to_string()),
             Some(Ok(w)) => Waits::Known(w),
         }
     }
@@ -176,7 +179,7 @@ impl Waits {
     /// A short label for the log's `waits_on` field.
     pub fn label(&self) -> &'static str {
         match self {
-            Waits::NoSocket | Waits::NoAnswer(_) => "unknown",
+            Waits::NoSocket | Waits::TimedOut | Waits::Unreachable(_) => "unknown",
             Waits::Known(w) => match (w.mds_requests > 0, w.osd_ops > 0) {
                 (true, true) => "mds+osd",
                 (true, false) => "mds",
@@ -192,10 +195,13 @@ impl Waits {
             Waits::NoSocket => "what libcephfs waits for is unknown without its admin socket: \
                 turn metrics on (--metrics-socket) or set --ceph-opt admin_socket=PATH"
                 .to_owned(),
-            Waits::NoAnswer(e) => format!(
-                "the libcephfs admin socket did not answer ({e}), so libcephfs itself may be \
-                 wedged: check `ceph health detail`, and evict this client (client_id in the \
-                 start-up log) if it does not recover"
+            Waits::TimedOut => "the libcephfs admin socket did not answer in time, so \
+                libcephfs itself may be wedged: check `ceph health detail`, and evict this client \
+                (client_id in the start-up log) if it does not recover"
+                .to_owned(),
+            Waits::Unreachable(e) => format!(
+                "what libcephfs waits for is unknown: its admin socket cannot be asked ({e}); \
+                 check that it exists and that this daemon's user may connect to it"
             ),
             Waits::Known(w) => match (w.mds_requests, w.osd_ops) {
                 (0, 0) => "libcephfs has no MDS request and no OSD op in flight, so the call \
@@ -441,11 +447,19 @@ mod tests {
         assert!(known(0, 0).hint().contains("max_size"));
         assert_eq!(Waits::from(None).label(), "unknown");
         assert!(Waits::from(None).hint().contains("--ceph-opt admin_socket"));
-        let down = Waits::from(Some(Err(std::io::Error::from(
+        let wedged = Waits::from(Some(Err(std::io::Error::from(
             std::io::ErrorKind::TimedOut,
         ))));
-        assert_eq!(down.label(), "unknown");
-        assert!(down.hint().contains("did not answer"));
+        assert_eq!(wedged, Waits::TimedOut);
+        assert_eq!(wedged.label(), "unknown");
+        assert!(wedged.hint().contains("did not answer in time"));
+        let refused = Waits::from(Some(Err(std::io::Error::from_raw_os_error(libc::EACCES))));
+        assert_eq!(refused.label(), "unknown");
+        assert!(
+            refused.hint().contains("Permission denied"),
+            "{}",
+            refused.hint()
+        );
         assert!(op_note(crate::server::FUSE_SETLKW).contains("lock"));
         assert_eq!(op_note(16), "");
     }
