@@ -21,7 +21,7 @@ use ops::{Config, Op, World};
 const USAGE: &str = "usage: fscheck --dir DIR [--seed N] [--ops N] [--as-user UID:GID[:G1,G2...]]
                [--data-pct P] [--op-timeout SECS] [--time-slack MS] [--max-size BYTES]
                [--verify-every N] [--bigdir-every N] [--no-direct] [--no-mmap] [--no-xattr]
-               [--skip OP[,OP...]] [--inject KIND] [--keep] [--quiet]
+               [--skip OP[,OP...]] [--inject KIND] [--keep] [--quiet] [--trace]
   Runs N seeded random operations in a fresh subdirectory of DIR and checks each against a model.
   --inject KIND  deliberately changes the tree behind the model's back at a random operation
                  (flip, chmod, stray, mtime, link, truncate): the run must then fail.
@@ -47,6 +47,7 @@ struct Args {
     skip: Vec<String>,
     keep: bool,
     quiet: bool,
+    trace: bool,
 }
 
 fn usage_exit(msg: &str) -> ! {
@@ -88,6 +89,7 @@ fn parse_args() -> Args {
         skip: Vec::new(),
         keep: false,
         quiet: false,
+        trace: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -160,6 +162,7 @@ fn parse_args() -> Args {
                     "--no-xattr" => a.xattr = false,
                     "--keep" => a.keep = true,
                     "--quiet" => a.quiet = true,
+                    "--trace" => a.trace = true,
                     "-h" | "--help" => {
                         println!("{USAGE}");
                         std::process::exit(0);
@@ -486,6 +489,9 @@ fn main() {
             gen.next(&world)
         };
         let desc = format!("{op:?}");
+        if a.trace {
+            println!("#{i} {desc}");
+        }
         let replay = replay_line(&a, (i + 1).min(a.ops));
         watch_begin(i, desc.clone(), replay.clone());
         let res = if let Op::Inject { kind, seed } = &op {
