@@ -435,12 +435,21 @@ fn main() {
 
     let cfg = Config {
         slack_ns: a.slack_ms as i128 * 1_000_000,
+        clock_probe: format!("{base}.clock"),
         direct: a.direct,
         mmap: a.mmap,
         xattr: a.xattr,
         max_size: a.max_size,
     };
     let mut world = World::new(m, cfg);
+    match world.calibrate() {
+        Ok(off) if off.abs() > a.slack_ms as i128 * 500_000 => println!(
+            "fscheck: the filesystem's clock is {:.3} s from the guest's: \"now\" is taken as the guest's clock plus that",
+            off as f64 / 1e9
+        ),
+        Ok(_) => {}
+        Err(e) => setup_fail(format!("clock probe: {e}")),
+    }
     let mut gen = generator::Gen::new(a.seed, a.data_pct, a.bigdir_every);
     gen.skip = a.skip.clone();
     // The injection point and what follows it come from their own stream, so the operations

@@ -270,6 +270,8 @@ pub struct Slot {
 
 pub struct Config {
     pub slack_ns: i128,
+    /// A path outside the tree for `calibrate`.
+    pub clock_probe: String,
     pub direct: bool,
     pub mmap: bool,
     /// user.* extended attributes (Linux 6.1's tmpfs has none).
@@ -283,8 +285,9 @@ pub struct World {
     pub cfg: Config,
     pub counts: HashMap<&'static str, u64>,
     pub notes: Vec<String>,
-    /// Largest |observed "now" time - guest clock| seen, for the summary.
     touched: Vec<Id>,
+    /// The filesystem's clock minus ours, in ns (see `calibrate`).
+    pub clock_off: i128,
 }
 
 fn want<T: std::fmt::Debug, U: std::fmt::Debug>(
@@ -319,11 +322,31 @@ impl World {
             counts: HashMap::new(),
             notes: Vec::new(),
             touched: Vec::new(),
+            clock_off: 0,
         }
     }
 
     fn window(&self, t0: i128, t1: i128) -> TimeExp {
-        TimeExp::Window(t0 - self.cfg.slack_ns, t1 + self.cfg.slack_ns)
+        let off = self.clock_off;
+        TimeExp::Window(t0 + off - self.cfg.slack_ns, t1 + off + self.cfg.slack_ns)
+    }
+
+    /// How far the filesystem's clock is from ours: create a file outside the tree and read
+    /// its mtime. A TCG guest's clock can be seconds off its host's (it jumps during a boot
+    /// on a loaded machine), and "now" means the filesystem's now.
+    pub fn calibrate(&mut self) -> Result<i128, String> {
+        let p = &self.cfg.clock_probe;
+        let t0 = sys::now_ns();
+        let fd = sys::open(p, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, 0o600)
+            .map_err(|e| format!("create {p}: {}", errname(e)))?;
+        let st = sys::fstat(fd);
+        let t1 = sys::now_ns();
+        let _ = sys::close(fd);
+        let _ = sys::unlink(p);
+        let st = st.map_err(|e| format!("fstat {p}: {}", errname(e)))?;
+        let fs = st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128;
+        self.clock_off = fs - (t0 + t1) / 2;
+        Ok(self.clock_off)
     }
 
     pub fn fds(&self) -> Vec<(i32, Id)> {
@@ -495,7 +518,20 @@ impl World {
             Op::DropCaches => want("drop_caches", &Ok(()), &sys::drop_caches()),
             Op::VerifyAll { content } => {
                 let fds = self.fds();
-                check::verify_all(&mut self.m, &fds, *content)
+                check::verify_all(&mut self.m, &fds, *content)?;
+                let before = self.clock_off;
+                match self.calibrate() {
+                    Ok(off) if (off - before).abs() > self.cfg.slack_ns / 2 => {
+                        self.notes.push(format!(
+                            "the filesystem's clock is {:.3} s from the guest's (was {:.3} s)",
+                            off as f64 / 1e9,
+                            before as f64 / 1e9
+                        ))
+                    }
+                    Ok(_) => {}
+                    Err(e) => div!("clock probe: {e}"),
+                }
+                Ok(())
             }
             Op::Inject { .. } => Ok(()),
         }
