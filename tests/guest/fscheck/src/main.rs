@@ -487,12 +487,15 @@ fn main() {
         let op = if i == a.ops {
             Op::VerifyAll { content: true }
         } else if a.inject.is_some() && i == inject_at {
-            verify_at = Some(i + 2);
+            verify_at = Some(i + 1);
             Op::Inject {
                 kind: a.inject.clone().unwrap(),
                 seed: irng.next_u64(),
             }
-        } else if verify_at == Some(i) || (a.verify_every > 0 && i > 0 && i % a.verify_every == 0) {
+        } else if verify_at == Some(i) {
+            // Right after an injected fault: the whole tree, contents too.
+            Op::VerifyAll { content: true }
+        } else if a.verify_every > 0 && i > 0 && i % a.verify_every == 0 {
             Op::VerifyAll { content: false }
         } else {
             gen.next(&world)
