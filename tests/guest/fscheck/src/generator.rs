@@ -566,11 +566,13 @@ impl Gen {
                 } else {
                     self.rng.pick(&v.files).0.clone()
                 };
+                let trunc = self.rng.pct(12);
                 Op::Open {
                     slot: self.rng.below(SLOTS as u64) as usize,
                     path,
                     direct: w.cfg.direct && self.rng.pct(40),
-                    trunc: self.rng.pct(12),
+                    trunc,
+                    alone: trunc && self.rng.pct(50),
                 }
             }
             1 => Op::Close { slot },

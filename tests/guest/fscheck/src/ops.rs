@@ -114,11 +114,13 @@ pub enum Op {
         bufsize: usize,
         seed: u64,
     },
+    /// `alone`: every other descriptor of the file is closed first (a real close and reopen).
     Open {
         slot: usize,
         path: String,
         direct: bool,
         trunc: bool,
+        alone: bool,
     },
     Close {
         slot: usize,
@@ -438,7 +440,19 @@ impl World {
                 path,
                 direct,
                 trunc,
-            } => self.open(*slot, path, *direct, *trunc),
+                alone,
+            } => {
+                if *alone {
+                    if let Ok(id) = self.m.lookup(path) {
+                        for i in 0..SLOTS {
+                            if self.slots[i].as_ref().is_some_and(|s| s.id == id) {
+                                self.close_slot(i)?;
+                            }
+                        }
+                    }
+                }
+                self.open(*slot, path, *direct, *trunc)
+            }
             Op::Close { slot } => self.close(*slot),
             Op::Write {
                 slot,
