@@ -170,7 +170,7 @@ impl Gen {
             .filter(|(p, _)| !dirs_only_shallow || depth(p) < MAX_DEPTH)
             .collect();
         let (d, _) = self.rng.pick(&dirs);
-        Model::join(d, *self.rng.pick(NAMES))
+        Model::join(d, self.rng.pick::<&str>(NAMES))
     }
 
     fn entry(&mut self, v: &View) -> Option<String> {

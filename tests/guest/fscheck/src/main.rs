@@ -420,6 +420,11 @@ fn main() {
         },
         root_inode,
     );
+    // The clock probe (see World::calibrate), opened before privileges go.
+    let probe = format!("{base}.clock");
+    let clock_fd = sys::open(&probe, libc::O_CREAT | libc::O_RDWR | libc::O_TRUNC, 0o600)
+        .unwrap_or_else(|e| setup_fail(format!("create {probe}: {}", sys::errname(e))));
+    let _ = sys::unlink(&probe);
     if let Some(c) = &a.as_user {
         if euid != 0 {
             setup_fail("--as-user needs to start as root".into());
@@ -435,7 +440,7 @@ fn main() {
 
     let cfg = Config {
         slack_ns: a.slack_ms as i128 * 1_000_000,
-        clock_probe: format!("{base}.clock"),
+        clock_fd,
         direct: a.direct,
         mmap: a.mmap,
         xattr: a.xattr,

@@ -272,8 +272,8 @@ pub struct Slot {
 
 pub struct Config {
     pub slack_ns: i128,
-    /// A path outside the tree for `calibrate`.
-    pub clock_probe: String,
+    /// An unlinked file outside the tree for `calibrate`.
+    pub clock_fd: i32,
     pub direct: bool,
     pub mmap: bool,
     /// user.* extended attributes (Linux 6.1's tmpfs has none).
@@ -333,19 +333,17 @@ impl World {
         TimeExp::Window(t0 + off - self.cfg.slack_ns, t1 + off + self.cfg.slack_ns)
     }
 
-    /// How far the filesystem's clock is from ours: create a file outside the tree and read
-    /// its mtime. A TCG guest's clock can be seconds off its host's (it jumps during a boot
-    /// on a loaded machine), and "now" means the filesystem's now.
+    /// How far the filesystem's clock is from ours: write a byte to a probe file outside the
+    /// tree (opened, and unlinked, at setup) and read its mtime. A TCG guest's clock can be
+    /// seconds off its host's (it jumps during a boot on a loaded machine), and "now" means
+    /// the filesystem's now.
     pub fn calibrate(&mut self) -> Result<i128, String> {
-        let p = &self.cfg.clock_probe;
+        let fd = self.cfg.clock_fd;
         let t0 = sys::now_ns();
-        let fd = sys::open(p, libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC, 0o600)
-            .map_err(|e| format!("create {p}: {}", errname(e)))?;
+        sys::pwrite_all(fd, b"x", 0).map_err(|e| format!("write: {}", errname(e)))?;
         let st = sys::fstat(fd);
         let t1 = sys::now_ns();
-        let _ = sys::close(fd);
-        let _ = sys::unlink(p);
-        let st = st.map_err(|e| format!("fstat {p}: {}", errname(e)))?;
+        let st = st.map_err(|e| format!("fstat: {}", errname(e)))?;
         let fs = st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128;
         self.clock_off = fs - (t0 + t1) / 2;
         Ok(self.clock_off)
