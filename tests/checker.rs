@@ -69,8 +69,8 @@ fn wanted(mode: &str) -> bool {
     std::env::var("FSCHECK_MODES").map_or(true, |m| m.split(',').any(|x| x.trim() == mode))
 }
 
-/// One fscheck run in the guest script: `expect` is `ok` (exit 0) or `fail` (a reported
-/// divergence, exit 1). The script follows the output on the console and watches for the
+/// One fscheck run in the guest script: `expect` is `ok` (exit 0), `fail` (a divergence
+/// reported after the injected fault, exit 1) or `hang` (the watchdog's HANG, exit 3). The script follows the output on the console and watches for the
 /// watchdog's HANG line: a hung request can keep the process from ever being reaped, so the
 /// script stops waiting and ends the boot (the share may be wedged).
 fn run_line(name: &str, expect: &str, args: &str) -> String {
@@ -100,9 +100,10 @@ run() {
   v=bad
   if [ "$expect" = ok ] && [ $rc = 0 ]; then v=as-expected; fi
   if [ "$expect" = fail ] && [ $rc = 1 ] && grep -q "after the fault injected" /tmp/fc.log; then v=as-expected; fi
+  if [ "$expect" = hang ] && [ $rc = 3 ] && grep -q '^HANG' /tmp/fc.log; then v=as-expected; fi
   [ $v = bad ] && bad=$((bad + 1))
   echo "FSCHECK-VERDICT $name rc=$rc expected=$expect $v (uptime $(cut -d' ' -f1 /proc/uptime))"
-  if [ $hang = 1 ]; then
+  if [ $hang = 1 ] && [ "$expect" != hang ]; then
     echo "FSCHECK-STOP: an operation hung; the share may be wedged, no further runs"
     exit 3
   fi
@@ -155,6 +156,15 @@ fn run_mode(lab: &Lab, mode: &str, index: u64, base: u64, first: bool) -> ModeRe
             &format!(
                 "--seed {} --ops {INJECT_OPS_SHARE} --dir /mnt --inject {kind}",
                 seed(3)
+            ),
+        );
+        // The watchdog: an operation that sleeps must be reported as HANG.
+        script += &run_line(
+            "inject-hang-tmpfs",
+            "hang",
+            &format!(
+                "--seed {} --ops 100 --dir /tmp --no-direct --no-xattr --op-timeout 3 --inject hang",
+                seed(12)
             ),
         );
         for (i, k) in INJECT_KINDS.iter().enumerate() {

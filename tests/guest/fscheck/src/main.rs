@@ -24,7 +24,8 @@ const USAGE: &str = "usage: fscheck --dir DIR [--seed N] [--ops N] [--as-user UI
                [--skip OP[,OP...]] [--inject KIND] [--keep] [--quiet] [--trace]
   Runs N seeded random operations in a fresh subdirectory of DIR and checks each against a model.
   --inject KIND  deliberately changes the tree behind the model's back at a random operation
-                 (flip, chmod, stray, mtime, link, truncate): the run must then fail.
+                 (flip, chmod, stray, mtime, link, truncate): the run must then fail;
+                 `hang` sleeps in the operation: the watchdog must report HANG.
   --skip OPS     never generates these operations (to look past a known divergence).
   Exit: 0 ok, 1 divergence, 2 usage or setup error, 3 an operation hung (--op-timeout).";
 
@@ -259,13 +260,13 @@ fn start_watchdog(timeout_s: u64) {
         std::thread::sleep(Duration::from_millis(500));
         let w = WATCH.lock().unwrap();
         if w.active && sys::mono_ms().saturating_sub(w.started_ms) > timeout_s * 1000 {
-            sys::raw_stderr(&format!(
-                "\nHANG: fscheck seed {}: operation #{} did not return within {timeout_s} s\n  op: {}\n  replay: {}\n",
-                w.seed, w.index, w.desc, w.replay
-            ));
-            println!(
-                "HANG: fscheck seed {}: operation #{} did not return within {timeout_s} s\n  op: {}\n  replay: {}",
-                w.seed, w.index, w.desc, w.replay
+            // Straight to fd 1: the stuck thread may hold the stdout lock.
+            sys::raw_write(
+                1,
+                &format!(
+                    "\nHANG: fscheck seed {}: operation #{} did not return within {timeout_s} s\n  op: {}\n  replay: {}\n",
+                    w.seed, w.index, w.desc, w.replay
+                ),
             );
             unsafe { libc::_exit(3) };
         }

@@ -1617,10 +1617,17 @@ impl World {
                 sys::truncate(&real(&p), len).map_err(errname)?;
                 format!("truncated {p} to {len}")
             }
+            "hang" => {
+                // An operation that does not return: the watchdog must report it.
+                unsafe { libc::sleep(1 << 20) };
+                "slept".to_string()
+            }
             _ => return Err(format!("unknown --inject kind {kind}")),
         };
         Ok(res)
     }
 }
 
-pub const INJECT_KINDS: &[&str] = &["flip", "chmod", "stray", "mtime", "link", "truncate"];
+pub const INJECT_KINDS: &[&str] = &[
+    "flip", "chmod", "stray", "mtime", "link", "truncate", "hang",
+];

@@ -512,10 +512,15 @@ impl Drop for Mapping {
 
 /// Write straight to stderr (usable from the watchdog and the SIGBUS handler).
 pub fn raw_stderr(s: &str) {
+    raw_write(2, s)
+}
+
+/// Write straight to a descriptor, without std's buffers and locks.
+pub fn raw_write(fd: i32, s: &str) {
     let b = s.as_bytes();
     let mut off = 0;
     while off < b.len() {
-        let r = unsafe { libc::write(2, b[off..].as_ptr() as *const libc::c_void, b.len() - off) };
+        let r = unsafe { libc::write(fd, b[off..].as_ptr() as *const libc::c_void, b.len() - off) };
         if r <= 0 {
             break;
         }
