@@ -19,12 +19,12 @@ use std::time::Instant;
 use common::{run_guest, Daemon, Lab};
 
 /// Operations per fscheck run on the share in CI, two runs (root, user) per mode: `never`
-/// (every lookup and getattr goes to the daemon) runs at half the speed of the caching modes,
-/// so 2 x 5,000 + 3 x 2 x 15,000 = 100,000 in all. Sized by the time a TCG guest needs
+/// (every lookup and getattr goes to the daemon) runs at about half the speed of the caching
+/// modes, so 2 x 10,000 + 3 x 2 x 15,000 = 110,000 in all. Sized by the time a TCG guest needs
 /// (tests/guest/README.md, "fscheck"), so that the test stays under ~12 minutes.
 fn default_ops(mode: &str) -> u64 {
     if mode == "never" {
-        5_000
+        10_000
     } else {
         15_000
     }
@@ -214,20 +214,7 @@ fn run_mode(lab: &Lab, mode: &str, index: u64, base: u64, first: bool) -> ModeRe
         .filter(|l| l.starts_with("FSCHECK-VERDICT"))
         .map(str::to_string)
         .collect();
-    let problems: Vec<String> = run
-        .console
-        .lines()
-        .filter(|l| {
-            l.starts_with("FSCHECK-VERDICT") && l.contains(" bad")
-                || l.contains("DIVERGENCE")
-                || l.starts_with("HANG")
-                || l.trim_start().starts_with("op:")
-                || l.trim_start().starts_with("observed:")
-                || l.trim_start().starts_with("replay:")
-                || l.starts_with("FSCHECK-STOP")
-        })
-        .map(str::to_string)
-        .collect();
+    let problems = problems(&run.console);
     println!(
         "fscheck --cache {mode}: guest exit {} after {secs:.1} s",
         run.code()
@@ -244,6 +231,46 @@ fn run_mode(lab: &Lab, mode: &str, index: u64, base: u64, first: bool) -> ModeRe
         verdicts,
         problems,
     }
+}
+
+/// What went wrong, from the console: for every run whose verdict is not the expected one,
+/// its divergence report (or HANG), and the line of a run that never got a verdict.
+fn problems(console: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut block: Vec<&str> = Vec::new();
+    for l in console.lines() {
+        if l.starts_with("FSCHECK-BEGIN") {
+            block.clear();
+        }
+        block.push(l);
+        if l.starts_with("FSCHECK-VERDICT") && l.contains(" bad") {
+            let t = |x: &str| x.trim_start().to_string();
+            out.extend(block.iter().filter_map(|b| {
+                let b2 = b.trim_start();
+                (b.starts_with("FSCHECK-BEGIN")
+                    || b.contains("DIVERGENCE")
+                    || b.contains("NOT detected")
+                    || b2.starts_with("HANG")
+                    || b2.starts_with("op:")
+                    || b2.starts_with("observed:")
+                    || b2.starts_with("model:")
+                    || b2.starts_with("replay:"))
+                .then(|| t(b))
+            }));
+            out.push(l.to_string());
+            block.clear();
+        }
+        if l.starts_with("FSCHECK-STOP") {
+            out.push(l.to_string());
+        }
+    }
+    if !console.contains("FSCHECK-DONE") {
+        out.push(format!(
+            "the guest script did not finish; console tail:\n{}",
+            tail(console, 30)
+        ));
+    }
+    out
 }
 
 fn tail(s: &str, n: usize) -> String {
