@@ -266,6 +266,59 @@ fn direct_writes_are_seen_by_buffered_reads() {
     same(&buf, &mid, "another client reads the direct write");
 }
 
+/// The daemon sends O_DIRECT writes through libcephfs's cache only for inodes whose data the
+/// cache may hold (those with buffered I/O); the others take libcephfs's direct path. Both
+/// must stay right when the guest's node of the file is forgotten in between (drop_caches),
+/// and when only direct descriptors were ever used.
+#[test]
+fn direct_writes_stay_visible_across_forgotten_nodes() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-odirect-forget");
+    let root = ctx(0, 0);
+    // Only direct descriptors: write, read back, overwrite, then a buffered reader.
+    let (ino, created) = create_as(&fs, &root, 1, &c("direct-only"), 0o644);
+    release(&fs, ino, created);
+    let direct = open(&fs, ino, libc::O_RDWR | libc::O_DIRECT);
+    write(&fs, ino, direct, 0, &bytes(1, 65536));
+    same(
+        &read(&fs, ino, direct, 0, 65536),
+        &bytes(1, 65536),
+        "direct",
+    );
+    write(&fs, ino, direct, 4096, &bytes(2, 4096));
+    release(&fs, ino, direct);
+    let buffered = open(&fs, ino, libc::O_RDONLY);
+    same(
+        &read(&fs, ino, buffered, 4096, 4096),
+        &bytes(2, 4096),
+        "buffered read of a file only ever written and read direct",
+    );
+    release(&fs, ino, buffered);
+
+    // Buffered I/O, then the guest forgets the node; a new lookup, then a direct write.
+    let (ino, created) = create_as(&fs, &root, 1, &c("forgotten"), 0o644);
+    write(&fs, ino, created, 0, &bytes(3, 256 << 10));
+    same(&read(&fs, ino, created, 0, 4096), &bytes(3, 4096), "cached");
+    release(&fs, ino, created);
+    fs.forget(&root, ino, 1);
+    assert_eq!(
+        errno(fs.getattr(&root, ino, None)),
+        libc::ESTALE,
+        "forgotten"
+    );
+    let again = fs.lookup(&root, 1, &c("forgotten")).unwrap().inode;
+    let direct = open(&fs, again, libc::O_WRONLY | libc::O_DIRECT);
+    write(&fs, again, direct, 0, &bytes(4, 8192));
+    release(&fs, again, direct);
+    let buffered = open(&fs, again, libc::O_RDONLY);
+    same(
+        &read(&fs, again, buffered, 0, 8192),
+        &bytes(4, 8192),
+        "buffered read after a direct write to a file the guest had forgotten",
+    );
+    release(&fs, again, buffered);
+}
+
 /// truncate(1) grows a file with ftruncate: FUSE sends SETATTR with only the size (the kernel
 /// leaves the times to the server). Linux then sets mtime and ctime to now; libcephfs, when it
 /// grows the file locally under its exclusive cap, takes the mtime from the (zero) request.

@@ -83,6 +83,20 @@ impl Mount {
         unsafe { Inode::from_raw(self, "ceph_ll_lookup_inode", out) }
     }
 
+    /// `ceph_ll_get_inode` of a head inode: the inode if the client has it in its cache, with
+    /// no MDS request (`None` when it does not: then it holds no data or caps of it either).
+    pub fn cached_inode(&self, ino: u64) -> Option<Inode> {
+        let vino = Vino {
+            ino,
+            snapid: CEPH_NOSNAP,
+        };
+        // SAFETY: the mount is live; libcephfs returns null or a referenced inode.
+        let ptr = unsafe { sys::ceph_ll_get_inode(self.raw(), vino.into()) };
+        // SAFETY: null or an inode of this mount carrying one reference, which the returned
+        // value takes over (from_raw refuses null).
+        unsafe { Inode::from_raw(self, "ceph_ll_get_inode", ptr) }.ok()
+    }
+
     /// `ceph_ll_lookup_vino`: find an inode by (ino, snapid). With `CEPH_NOSNAP` this is
     /// `lookup_inode`. Pacific can only find snapshot inodes that are already in the
     /// client's cache (otherwise ESTALE).

@@ -10,6 +10,7 @@
 //! → EBADF/ENOENT-class errno, never a dereference), names are checked before they reach
 //! libcephfs, offsets and lengths are checked against i64, and every error keeps its raw errno.
 
+pub mod cached;
 pub mod handles;
 pub mod idmap;
 pub mod killpriv;
@@ -71,13 +72,19 @@ pub enum Handle {
 #[derive(Debug)]
 pub struct OpenFile {
     file: File,
+    /// Head inode number of the file.
+    ino: u64,
+    /// `file` was opened O_DIRECT: libcephfs reads and writes it without its object cache.
+    direct: bool,
     /// For a guest's O_DIRECT descriptor open for writing: a second libcephfs handle of the
-    /// same inode, opened O_DSYNC instead of O_DIRECT, through which its writes go. libcephfs
-    /// writes O_DIRECT data straight to the OSDs and leaves whatever its object cache holds of
-    /// that range in place, so later buffered reads would return the old bytes. An O_DSYNC
-    /// write goes into the cache and flushes exactly its range to the OSDs before returning:
-    /// on the OSDs when the guest is told it is done, and the cache never stale.
+    /// same inode, opened O_DSYNC instead of O_DIRECT. libcephfs writes O_DIRECT data straight
+    /// to the OSDs and leaves whatever its object cache holds of that range in place, so later
+    /// buffered reads would return the old bytes; an O_DSYNC write goes into the cache and
+    /// flushes exactly its range to the OSDs before returning. Used for the inodes whose data
+    /// the cache may hold (see [`cached`]).
     writer: Option<File>,
+    /// Buffered I/O through this handle was noted in [`CephFs::cached`].
+    noted: AtomicBool,
     /// Opened for writing: an ftruncate through it needs no further permission.
     writable: bool,
     /// POSIX locks were taken through this handle: FLUSH must release the owner's locks.
@@ -157,6 +164,8 @@ pub struct CephFs {
     cfg: FsConfig,
     /// HANDLE_KILLPRIV_V2 was negotiated with the guest.
     killpriv: AtomicBool,
+    /// Inodes whose data libcephfs's object cache may hold.
+    cached: cached::CachedInodes,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -298,13 +307,6 @@ fn kind_of(st: &Statx) -> u32 {
     u32::from(st.stx_mode) & libc::S_IFMT
 }
 
-impl OpenFile {
-    /// The libcephfs handle writes go through.
-    fn for_write(&self) -> &File {
-        self.writer.as_ref().unwrap_or(&self.file)
-    }
-}
-
 impl CephFs {
     /// Serve the mount's root (the exported subtree) as the FUSE root.
     pub fn new(mount: Mount, cfg: FsConfig) -> io::Result<Self> {
@@ -325,6 +327,7 @@ impl CephFs {
             policy: CachePolicy::new(cfg.cache, cfg.auto_ttl, cfg.revocable_ttl),
             cfg,
             killpriv: AtomicBool::new(false),
+            cached: cached::CachedInodes::default(),
         })
     }
 
@@ -599,6 +602,49 @@ impl CephFs {
             flags,
             &self.perms.get(0, 0),
         )?))
+    }
+
+    /// Buffered I/O is about to go through `f`: from now on its inode's data may be in
+    /// libcephfs's object cache. One relaxed load per request once noted.
+    fn note_buffered(&self, f: &OpenFile) {
+        if f.direct || f.noted.load(Ordering::Relaxed) {
+            return;
+        }
+        f.noted.store(true, Ordering::Relaxed);
+        if self.cached.mark(f.ino) {
+            self.cached
+                .prune(f.ino, |ino| self.mount.cached_inode(ino).is_some());
+        }
+    }
+
+    /// The libcephfs handle a write through `f` goes to, and whether it bypasses the cache
+    /// (then [`Self::after_direct_write`] must follow). An O_DIRECT write of an inode whose
+    /// data the cache may hold goes through the cache (see [`OpenFile::writer`]).
+    fn write_target<'a>(&self, f: &'a OpenFile) -> (&'a File, bool) {
+        match &f.writer {
+            Some(twin) if self.cached.contains(f.ino) => (twin, false),
+            Some(_) => (&f.file, true),
+            None => {
+                self.note_buffered(f);
+                (&f.file, false)
+            }
+        }
+    }
+
+    /// After a write that bypassed libcephfs's cache: if buffered I/O of the inode began while
+    /// it ran, the cache may have read the old bytes of the range meanwhile. Write the range
+    /// again through the cache, as read back from the OSDs (rare: a buffered reader racing a
+    /// direct writer of the same file).
+    fn after_direct_write(&self, f: &OpenFile, off: u64, len: usize) -> io::Result<()> {
+        let Some(twin) = &f.writer else {
+            return Ok(());
+        };
+        if len == 0 || !self.cached.contains(f.ino) {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; len];
+        let n = f.file.read(off, &mut buf)?;
+        write_all(twin, off, &buf[..n])
     }
 
     fn open_options(&self, node: &Node, flags: u32) -> OpenOptions {
@@ -1124,7 +1170,10 @@ impl FileSystem for CephFs {
             inode,
             Handle::File(Arc::new(OpenFile {
                 file,
+                ino: node.vino.ino,
+                direct: oflags & libc::O_DIRECT != 0,
                 writer,
+                noted: AtomicBool::new(false),
                 writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
                 locked: AtomicBool::new(false),
                 domain: node.domain,
@@ -1179,7 +1228,10 @@ impl FileSystem for CephFs {
             entry.inode,
             Handle::File(Arc::new(OpenFile {
                 file,
+                ino: node.vino.ino,
+                direct: oflags & libc::O_DIRECT != 0,
                 writer,
+                noted: AtomicBool::new(false),
                 writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
                 locked: AtomicBool::new(false),
                 domain: node.domain,
@@ -1202,6 +1254,7 @@ impl FileSystem for CephFs {
     ) -> io::Result<usize> {
         range(offset, u64::from(size))?;
         let f = self.file(inode, handle, "read", ctx.uid)?;
+        self.note_buffered(&f);
         w.write_from(&mut CephIo(&f.file), size as usize, offset)
     }
 
@@ -1229,7 +1282,12 @@ impl FileSystem for CephFs {
                 &self.perm(ctx),
             )?;
         }
-        r.read_to(&mut CephIo(f.for_write()), size as usize, offset)
+        let (target, bypassed) = self.write_target(&f);
+        let n = r.read_to(&mut CephIo(target), size as usize, offset)?;
+        if bypassed {
+            self.after_direct_write(&f, offset, n)?;
+        }
+        Ok(n)
     }
 
     fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
@@ -1566,6 +1624,8 @@ impl CephFs {
         range(off_out, len)?;
         let fi = self.file(ino_in, fh_in, "copy_file_range", ctx.uid)?;
         let fo = self.file(ino_out, fh_out, "copy_file_range", ctx.uid)?;
+        self.note_buffered(&fi);
+        let (target, bypassed) = self.write_target(&fo);
         if self.killpriv_on() {
             let node = self.node(ino_out)?;
             self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
@@ -1581,15 +1641,9 @@ impl CephFs {
             if n == 0 {
                 break;
             }
-            let mut w = 0;
-            while w < n {
-                let m = fo
-                    .for_write()
-                    .write(off_out + (done + w) as u64, &buf[w..n])?;
-                if m == 0 {
-                    return Err(errno(libc::EIO));
-                }
-                w += m;
+            write_all(target, off_out + done as u64, &buf[..n])?;
+            if bypassed {
+                self.after_direct_write(&fo, off_out + done as u64, n)?;
             }
             done += n;
         }
@@ -1600,6 +1654,19 @@ impl CephFs {
     pub fn sync_all(&self) -> io::Result<()> {
         Ok(self.mount.sync_fs()?)
     }
+}
+
+/// Write all of `buf` at `off` (libcephfs may write less than asked).
+fn write_all(f: &File, off: u64, buf: &[u8]) -> io::Result<()> {
+    let mut w = 0;
+    while w < buf.len() {
+        let m = f.write(off + w as u64, &buf[w..])?;
+        if m == 0 {
+            return Err(errno(libc::EIO));
+        }
+        w += m;
+    }
+    Ok(())
 }
 
 fn whole_file_lock(kind: i32) -> libc::flock {
