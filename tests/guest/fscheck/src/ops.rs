@@ -451,7 +451,7 @@ impl World {
                 }
                 self.open(*slot, path, *direct, *trunc)
             }
-            Op::Close { slot } => self.close(*slot),
+            Op::Close { slot } => self.close_slot(*slot),
             Op::Write {
                 slot,
                 off,
@@ -1097,10 +1097,6 @@ impl World {
             }
         }
         Ok(())
-    }
-
-    fn close(&mut self, slot: usize) -> Check {
-        self.close_slot(slot)
     }
 
     fn open(&mut self, slot: usize, path: &str, direct: bool, trunc: bool) -> Check {
