@@ -431,6 +431,10 @@ fn directory_times_move_with_its_entries() {
     check(d, "rename out of");
     check(e, "rename into");
     set_old(e);
+    fs.rename(&root, e, &c("f"), e, &c("f2"), 0).unwrap();
+    check(e, "rename within");
+    fs.rename(&root, e, &c("f2"), e, &c("f"), 0).unwrap();
+    set_old(e);
     fs.link(&root, f, e, &c("g")).unwrap();
     check(e, "link");
     set_old(e);
@@ -457,6 +461,14 @@ fn directory_link_counts_follow_renames() {
     assert_eq!(stat(&fs, p).st_nlink, 3);
     assert_eq!(stat(&fs, q).st_nlink, 2);
     fs.rename(&root, p, &c("d"), q, &c("d"), 0).unwrap();
+    // A guest may see them through LOOKUP first (cache=never revalidates every dentry).
+    let looked = |name: &str| fs.lookup(&root, 1, &c(name)).unwrap().attr.st_nlink;
+    assert_eq!(
+        looked("P"),
+        2,
+        "LOOKUP of the source directory after mv P/d Q/d"
+    );
+    assert_eq!(looked("Q"), 3, "LOOKUP of the target directory");
     assert_eq!(
         stat(&fs, p).st_nlink,
         2,
@@ -629,4 +641,115 @@ fn chown_clears_only_privilege_bits() {
     attr.st_uid = 65534;
     fs.setattr(&root, d, attr, None, SetattrValid::UID).unwrap();
     assert_eq!(stat(&fs, d).st_mode & 0o7777, 0o6775);
+}
+
+/// Every attribute change sets ctime to now, also one that changes nothing, and explicit
+/// times leave ctime at now, not at the mtime given.
+#[test]
+fn attribute_changes_set_ctime_to_now() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-ctime");
+    let root = ctx(0, 0);
+    let (ino, fh) = create_as(&fs, &root, 1, &c("f"), 0o644);
+    release(&fs, ino, fh);
+    let mut attr = stat(&fs, ino);
+    attr.st_mtime = 1_000_000_000;
+    attr.st_atime = 1_000_000_000;
+    let before = now_secs();
+    let (st, _) = fs
+        .setattr(
+            &root,
+            ino,
+            attr,
+            None,
+            SetattrValid::MTIME | SetattrValid::ATIME,
+        )
+        .unwrap();
+    assert_eq!(st.st_mtime, 1_000_000_000);
+    assert!(
+        st.st_ctime >= before - 1,
+        "ctime {} after utimensat",
+        st.st_ctime
+    );
+    // Make ctime old enough to see it move, then chown to the current owner and group.
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let old_ctime = stat(&fs, ino).st_ctime;
+    let cur = stat(&fs, ino);
+    let (st, _) = fs
+        .setattr(&root, ino, cur, None, SetattrValid::UID | SetattrValid::GID)
+        .unwrap();
+    assert!(
+        st.st_ctime > old_ctime,
+        "chown to the same owner: ctime {} stayed",
+        st.st_ctime
+    );
+}
+
+/// A caller who may write a setuid/setgid file but does not own it truncates it (Linux: done,
+/// setuid and setgid-with-group-exec killed for a caller without CAP_FSETID).
+#[test]
+fn non_owners_truncate_privileged_files() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-trunc-suid");
+    let root = ctx(0, 0);
+    for (mode, after) in [(0o6777, 0o0777), (0o4766, 0o0766), (0o2766, 0o2766)] {
+        let name = format!("f{mode:o}");
+        let (ino, fh) = create_as(&fs, &root, 1, &c(&name), 0o644);
+        write(&fs, ino, fh, 0, &bytes(1, 100));
+        release(&fs, ino, fh);
+        let mut attr = stat(&fs, ino);
+        attr.st_mode = libc::S_IFREG | mode;
+        fs.setattr(&root, ino, attr, None, SetattrValid::MODE)
+            .unwrap();
+        let writer = ctx(65534, 65534);
+        attr.st_size = 10;
+        let valid = SetattrValid::SIZE
+            | SetattrValid::MTIME
+            | SetattrValid::MTIME_NOW
+            | SetattrValid::KILL_SUIDGID;
+        let (st, _) = fs.setattr(&writer, ino, attr, None, valid).unwrap();
+        assert_eq!(st.st_size, 10);
+        assert_eq!(
+            st.st_mode & 0o7777,
+            after,
+            "truncate of a {mode:o} file by a non-owner: {:o}",
+            st.st_mode & 0o7777
+        );
+    }
+}
+
+/// chmod g+s by the owner of a file whose group is one of the owner's supplementary groups:
+/// the bit stays (the guest kernel clears it for a caller who is not a member).
+#[test]
+fn owners_set_setgid_for_a_supplementary_group() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-chmod-sgid");
+    let root = ctx(0, 0);
+    let (ino, fh) = create_as(&fs, &root, 1, &c("f"), 0o644);
+    release(&fs, ino, fh);
+    let d = fs.mkdir(&root, 1, &c("d"), 0o755, 0).unwrap().inode;
+    for node in [ino, d] {
+        let mut attr = stat(&fs, node);
+        attr.st_uid = 1000;
+        attr.st_gid = 2000;
+        fs.setattr(
+            &root,
+            node,
+            attr,
+            None,
+            SetattrValid::UID | SetattrValid::GID,
+        )
+        .unwrap();
+        let owner = ctx(1000, 1000);
+        attr.st_mode = (attr.st_mode & libc::S_IFMT) | 0o2755;
+        let (st, _) = fs
+            .setattr(&owner, node, attr, None, SetattrValid::MODE)
+            .unwrap();
+        assert_eq!(st.st_mode & 0o7777, 0o2755, "chmod g+s by the owner");
+        // A non-owner still cannot chmod.
+        assert_eq!(
+            errno(fs.setattr(&ctx(1001, 2000), node, attr, None, SetattrValid::MODE)),
+            libc::EPERM
+        );
+    }
 }

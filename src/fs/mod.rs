@@ -29,6 +29,7 @@ use ceph_client::{
     Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_ATIME_NOW, CEPH_SETATTR_CTIME,
     CEPH_SETATTR_GID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME, CEPH_SETATTR_MTIME_NOW,
     CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR, CEPH_STATX_BASIC_STATS, CEPH_STATX_MODE,
+    CEPH_STATX_UID,
 };
 use fuse_backend_rs::abi::fuse_abi::{
     stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, FOPEN_IN_KILL_SUIDGID,
@@ -226,7 +227,8 @@ fn now() -> ceph_client::Timespec {
 /// - `*_NOW` bits: libcephfs 16 ignores them in ll_setattr, so "now" is taken here;
 /// - a size change without a time (ftruncate(2), and O_TRUNC opens the kernel turns into
 ///   SETATTR): Linux sets mtime and ctime to now. libcephfs does not, and when it grows a file
-///   locally under its exclusive cap it takes the mtime from the request as it stands (0).
+///   locally under its exclusive cap it takes the mtime from the request as it stands (0);
+/// - ctime, on every change (see below).
 fn setattr_request(
     attr: &stat64,
     valid: SetattrValid,
@@ -288,10 +290,18 @@ fn setattr_request(
             tv_nsec: attr.st_ctime_nsec,
         };
     }
-    // (libcephfs sets ctime itself on every change.)
     if mask & CEPH_SETATTR_SIZE != 0 && mask & CEPH_SETATTR_MTIME == 0 {
         mask |= CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW;
         st.stx_mtime = now;
+    }
+    // Every attribute change sets ctime to now on Linux, also one that changes nothing
+    // (`chown u:g` to the current owner), which libcephfs skips. Only for the changes that
+    // need the owner anyway: libcephfs lets nobody else set ctime.
+    if mask & (CEPH_SETATTR_MODE | CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0
+        && mask & CEPH_SETATTR_CTIME == 0
+    {
+        mask |= CEPH_SETATTR_CTIME;
+        st.stx_ctime = now;
     }
     Ok((st, mask))
 }
@@ -544,31 +554,35 @@ impl CephFs {
         perm: &ceph_client::UserPerm,
     ) -> io::Result<bool> {
         let cur = self.mount.getattr(&node.inode, WANT, 0, perm)?;
+        let chown = CEPH_SETATTR_UID | CEPH_SETATTR_GID | CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME;
         Ok(cur.stx_uid == ctx.uid
             && mask & CEPH_SETATTR_GID != 0
-            && mask & !(CEPH_SETATTR_UID | CEPH_SETATTR_GID | CEPH_SETATTR_MODE) == 0
+            && mask & !chown == 0
             && (mask & CEPH_SETATTR_UID == 0 || st.stx_uid == cur.stx_uid))
     }
 
-    /// Attributes for a reply about `node`, from libcephfs's cache unless a rename moved
-    /// entries in or out of it since: libcephfs 16 keeps the link count of the directory a
-    /// subdirectory left (`mkdir P Q P/d; mv P/d Q/d` left P at 3; the MDS has 2), so after a
-    /// rename both directories are fetched from the MDS once, when next asked for.
-    fn attrs(&self, node: &Node, perm: &ceph_client::UserPerm) -> io::Result<Statx> {
-        if node.take_entries_changed() {
-            // ll_getattr has no "force sync" in libcephfs 16 (AT_STATX_FORCE_SYNC is EINVAL);
-            // reading a directory-statistics vxattr makes libcephfs fetch the inode from the
-            // MDS whatever caps it holds, and the reply refreshes its cache.
-            let mut buf = [0u8; 32];
-            let root = self.perms.get(0, 0);
-            if let Err(e) = self
-                .mount
-                .getxattr(&node.inode, c"ceph.dir.subdirs", &mut buf, &root)
-            {
-                tracing::debug!(%e, ino = node.vino.ino, "refreshing a renamed-in directory");
-            }
+    /// After a rename between two directories: libcephfs 16 keeps the attributes of the
+    /// directory an entry left as they were (the MDS's reply describes the target side only),
+    /// its mtime and ctime, and
+    /// for a directory moved out, its link count (`mkdir P Q P/d; mv P/d Q/d` left P at 3;
+    /// the MDS has 2). Reading a directory-statistics vxattr makes libcephfs fetch the inode
+    /// from the MDS whatever caps it holds (ll_getattr has no "force sync" in 16:
+    /// AT_STATX_FORCE_SYNC is EINVAL), and the reply refreshes its cache. Done at once: the
+    /// guest may next see the directory through LOOKUP or READDIRPLUS as well as GETATTR.
+    /// One MDS request per rename between directories; a rename within one is described
+    /// fully by the reply.
+    fn after_rename(&self, old: &Node, new: &Node) {
+        if old.id == new.id {
+            return;
         }
-        Ok(self.mount.getattr(&node.inode, WANT, 0, perm)?)
+        let root = self.perms.get(0, 0);
+        let mut buf = [0u8; 32];
+        if let Err(e) = self
+            .mount
+            .getxattr(&old.inode, c"ceph.dir.subdirs", &mut buf, &root)
+        {
+            tracing::debug!(%e, ino = old.vino.ino, "refreshing a directory after a rename");
+        }
     }
 
     fn lookup_name(&self, parent: &Arc<Node>, name: &CStr, ctx: &Context) -> io::Result<Entry> {
@@ -897,7 +911,7 @@ impl FileSystem for CephFs {
         _handle: Option<u64>,
     ) -> io::Result<(stat64, Duration)> {
         let node = self.node_op(inode, "getattr", ctx)?;
-        let st = self.attrs(&node, &self.perm(ctx))?;
+        let st = self.mount.getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
         Ok((to_stat(&st), self.policy.ttl(self.class(&node)).attr))
     }
 
@@ -927,17 +941,20 @@ impl FileSystem for CephFs {
         // guest negotiated: the MDS clears setgid on every chown, also without group-execute,
         // where Linux keeps it (it marks mandatory locking there, no privilege), so a chown of
         // a file with special bits names the mode it must end with.
+        // A caller who may change the size but does not own the file cannot set its mode in
+        // libcephfs: the mode it must end with is then set afterwards, as root (`mode_after`).
         let mut remove_caps = false;
+        let mut mode_after = None;
         let owner_change = mask & (CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
-        let size_or_owner = owner_change || mask & CEPH_SETATTR_SIZE != 0;
+        let size_change = mask & CEPH_SETATTR_SIZE != 0;
+        let size_or_owner = owner_change || size_change;
         let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
         let killpriv = self.killpriv_on() && (size_or_owner || flagged);
-        if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || owner_change) {
-            let cur = u32::from(
+        if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || size_or_owner) {
+            let st_cur =
                 self.mount
-                    .getattr(&node.inode, CEPH_STATX_MODE, 0, &perm)?
-                    .stx_mode,
-            );
+                    .getattr(&node.inode, CEPH_STATX_MODE | CEPH_STATX_UID, 0, &perm)?;
+            let cur = u32::from(st_cur.stx_mode);
             let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
                 Trigger::Truncate
             } else {
@@ -949,12 +966,33 @@ impl FileSystem for CephFs {
             } else {
                 Kill::default()
             };
+            // libcephfs also clears both bits on a size change by anyone but root.
             let special = cur & (libc::S_ISUID | libc::S_ISGID) != 0;
-            if let Some(m) = kill.new_mode.or((owner_change && special).then_some(cur)) {
-                mask |= CEPH_SETATTR_MODE;
-                st.stx_mode = (m & 0o7777) as u16;
+            if let Some(m) = kill.new_mode.or(special.then_some(cur)) {
+                if ctx.uid == 0 || ctx.uid == st_cur.stx_uid {
+                    mask |= CEPH_SETATTR_MODE;
+                    st.stx_mode = (m & 0o7777) as u16;
+                } else {
+                    mode_after = Some(m);
+                }
             }
             remove_caps = kill.remove_caps;
+        }
+        // chmod g+s by an owner who belongs to the file's group only through a supplementary
+        // group: libcephfs, which knows the primary gid only, drops the bit silently. The
+        // guest kernel already cleared it where the caller is no member of the group
+        // (`default_permissions`), so the owner's mode is set as root.
+        if mask & CEPH_SETATTR_MODE != 0
+            && u32::from(st.stx_mode) & libc::S_ISGID != 0
+            && ctx.uid != 0
+            && mask & !(CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME) == 0
+            && self
+                .mount
+                .getattr(&node.inode, CEPH_STATX_UID, 0, &perm)?
+                .stx_uid
+                == ctx.uid
+        {
+            perm = self.perms.get(0, 0);
         }
 
         // ftruncate(2) needs only a descriptor open for writing, not write permission on the
@@ -987,12 +1025,12 @@ impl FileSystem for CephFs {
         if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
             self.mount.sync_inode(&node.inode, false)?;
         }
-        if remove_caps {
+        if mode_after.is_some() || remove_caps {
             self.apply_kill(
                 &node,
                 Kill {
-                    new_mode: None,
-                    remove_caps: true,
+                    new_mode: mode_after,
+                    remove_caps,
                 },
             )?;
         }
@@ -1117,8 +1155,7 @@ impl FileSystem for CephFs {
         }
         self.mount
             .rename(&old.inode, oldname, &new.inode, newname, &perm)?;
-        old.entries_changed();
-        new.entries_changed();
+        self.after_rename(&old, &new);
         Ok(())
     }
 
@@ -1895,10 +1932,14 @@ mod tests {
         let v = SetattrValid::ATIME | SetattrValid::MTIME;
         let (_, mask) = setattr_request(&attr(), v, NOW).unwrap();
         assert_eq!(mask, CEPH_SETATTR_ATIME | CEPH_SETATTR_MTIME);
-        // Nothing timed without a time or a size.
+        // A mode or owner change sets ctime to now, even when it changes nothing.
         let v = SetattrValid::MODE | SetattrValid::UID;
-        let (_, mask) = setattr_request(&attr(), v, NOW).unwrap();
-        assert_eq!(mask, CEPH_SETATTR_MODE | CEPH_SETATTR_UID);
+        let (st, mask) = setattr_request(&attr(), v, NOW).unwrap();
+        assert_eq!(
+            mask,
+            CEPH_SETATTR_MODE | CEPH_SETATTR_UID | CEPH_SETATTR_CTIME
+        );
+        assert_eq!(st.stx_ctime, NOW);
     }
 
     #[test]

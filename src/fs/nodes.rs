@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// FUSE's root node id.
@@ -50,24 +50,9 @@ pub struct Node<T> {
     pub domain: u32,
     pub inode: T,
     lookups: AtomicU64,
-    /// An entry was renamed into or out of this directory since its attributes were last
-    /// fetched from the MDS: libcephfs's cached link count may be stale.
-    entries_changed: AtomicBool,
 }
 
 impl<T> Node<T> {
-    /// Note that this directory's entries changed (see `entries_changed`).
-    pub fn entries_changed(&self) {
-        self.entries_changed.store(true, Ordering::Release);
-    }
-
-    /// Whether the entries changed since the last call: the caller fetches fresh attributes.
-    pub fn take_entries_changed(&self) -> bool {
-        // The load keeps the common case (nothing changed) a read of a shared cache line.
-        self.entries_changed.load(Ordering::Relaxed)
-            && self.entries_changed.swap(false, Ordering::AcqRel)
-    }
-
     pub fn is_dir(&self) -> bool {
         self.kind == libc::S_IFDIR
     }
@@ -136,7 +121,6 @@ impl<T> NodeTable<T> {
             inode: root.inode,
             // The root is never forgotten: the kernel never sends FORGET for it.
             lookups: AtomicU64::new(1),
-            entries_changed: AtomicBool::new(false),
         });
         t.shard(ROOT_ID)
             .write()
@@ -203,7 +187,6 @@ impl<T> NodeTable<T> {
             domain: new.domain,
             inode: new.inode,
             lookups: AtomicU64::new(1),
-            entries_changed: AtomicBool::new(false),
         });
         shard.insert(id, node.clone());
         node
