@@ -449,7 +449,9 @@ impl World {
                         }
                     }
                 }
-                self.open(*slot, path, *direct, *trunc)
+                // Half the real reopens are what a shell's `>` does: O_CREAT|O_TRUNC on the
+                // existing file (derived from the slot: the sequence of operations stays).
+                self.open(*slot, path, *direct, *trunc, *alone && *slot % 2 == 0)
             }
             Op::Close { slot } => self.close_slot(*slot),
             Op::Write {
@@ -1099,24 +1101,28 @@ impl World {
         Ok(())
     }
 
-    fn open(&mut self, slot: usize, path: &str, direct: bool, trunc: bool) -> Check {
+    fn open(&mut self, slot: usize, path: &str, direct: bool, trunc: bool, creat: bool) -> Check {
         self.close_slot(slot)?;
         let exp = self.m.lookup(path).and_then(|id| {
             req(!self.m.get(id).is_dir(), libc::EISDIR)?;
             req(self.m.access(id, 6), libc::EACCES)?;
             Ok(id)
         });
+        // O_CREAT only on a file the model has (it exists).
+        let creat = creat && exp.is_ok();
         let flags = libc::O_RDWR
             | if direct { libc::O_DIRECT } else { 0 }
-            | if trunc { libc::O_TRUNC } else { 0 };
+            | if trunc { libc::O_TRUNC } else { 0 }
+            | if creat { libc::O_CREAT } else { 0 };
         let t0 = sys::now_ns();
-        let r = sys::open(&self.m.real(path), flags, 0);
+        let r = sys::open(&self.m.real(path), flags, 0o644);
         let t1 = sys::now_ns();
         want(
             &format!(
-                "open({path}, O_RDWR{}{})",
+                "open({path}, O_RDWR{}{}{})",
                 if direct { "|O_DIRECT" } else { "" },
-                if trunc { "|O_TRUNC" } else { "" }
+                if trunc { "|O_TRUNC" } else { "" },
+                if creat { "|O_CREAT" } else { "" }
             ),
             &exp,
             &r,
