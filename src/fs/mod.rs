@@ -661,10 +661,16 @@ impl CephFs {
         write_all(twin, off, &buf[..n])
     }
 
-    fn open_options(&self, node: &Node, flags: u32) -> OpenOptions {
+    /// How the guest caches an open file. A guest O_DIRECT open is no reason for
+    /// FOPEN_DIRECT_IO: the guest kernel then sends the descriptor's I/O straight to us but
+    /// (Linux 6.1) leaves what its page cache holds of the range from other descriptors in
+    /// place, so with KEEP_CACHE a buffered reader saw the old bytes. Without it, O_DIRECT I/O
+    /// takes the kernel's direct I/O path, which writes back and invalidates the page cache of
+    /// its range, as on a local filesystem, and still reaches us uncached.
+    fn open_options(&self, node: &Node) -> OpenOptions {
         let class = self.class(node);
         let mut o = OpenOptions::empty();
-        if self.policy.direct_io(class) || flags & libc::O_DIRECT as u32 != 0 {
+        if self.policy.direct_io(class) {
             o |= OpenOptions::DIRECT_IO;
         }
         if self.policy.keep_cache(class) {
@@ -1216,7 +1222,7 @@ impl FileSystem for CephFs {
                 domain: node.domain,
             })),
         );
-        Ok((Some(fh), self.open_options(&node, flags), None))
+        Ok((Some(fh), self.open_options(&node), None))
     }
 
     fn create(
@@ -1274,7 +1280,7 @@ impl FileSystem for CephFs {
                 domain: node.domain,
             })),
         );
-        let opts = self.open_options(&node, args.flags);
+        let opts = self.open_options(&node);
         Ok((entry, Some(fh), opts, None))
     }
 
