@@ -66,6 +66,8 @@ pub struct Gen {
     pub data_pct: u64,
     /// One large-directory round in this many operations (0: never).
     pub bigdir_every: u64,
+    /// Explicit times are drawn below this many seconds (--max-time).
+    pub max_time: u64,
     bigdirs: u64,
 }
 
@@ -93,6 +95,7 @@ impl Gen {
             bigdirs: 0,
             view: None,
             skip: Vec::new(),
+            max_time: 1 << 32,
         }
     }
 
@@ -219,7 +222,7 @@ impl Gen {
             0..=2 => TimeArg::Now,
             3 | 4 => TimeArg::Omit,
             _ => TimeArg::Set(
-                self.rng.below(1 << 32) as i64,
+                self.rng.below(self.max_time) as i64,
                 self.rng.below(1_000_000_000) as i64,
             ),
         }

@@ -20,13 +20,15 @@ use ops::{Config, Op, World};
 
 const USAGE: &str = "usage: fscheck --dir DIR [--seed N] [--ops N] [--as-user UID:GID[:G1,G2...]]
                [--data-pct P] [--op-timeout SECS] [--time-slack MS] [--max-size BYTES]
-               [--verify-every N] [--bigdir-every N] [--no-direct] [--no-mmap] [--no-xattr]
+               [--verify-every N] [--bigdir-every N] [--max-time SECS]
+               [--no-direct] [--no-mmap] [--no-xattr]
                [--skip OP[,OP...]] [--inject KIND] [--keep] [--quiet] [--trace]
   Runs N seeded random operations in a fresh subdirectory of DIR and checks each against a model.
   --inject KIND  deliberately changes the tree behind the model's back at a random operation
                  (flip, chmod, stray, mtime, link, truncate): the run must then fail;
                  `hang` sleeps in the operation: the watchdog must report HANG.
   --skip OPS     never generates these operations (to look past a known divergence).
+  --max-time S   explicit times are drawn below S seconds (default 2^32: CephFS keeps 32 bits).
   Exit: 0 ok, 1 divergence, 2 usage or setup error, 3 an operation hung (--op-timeout).";
 
 struct Args {
@@ -41,6 +43,7 @@ struct Args {
     max_size: u64,
     verify_every: u64,
     bigdir_every: u64,
+    max_time: u64,
     direct: bool,
     mmap: bool,
     xattr: bool,
@@ -83,6 +86,7 @@ fn parse_args() -> Args {
         max_size: 16 << 20,
         verify_every: 500,
         bigdir_every: 1500,
+        max_time: 1 << 32,
         direct: true,
         mmap: true,
         xattr: true,
@@ -129,6 +133,7 @@ fn parse_args() -> Args {
             "--max-size" => a.max_size = num(i, o).max(1 << 16),
             "--verify-every" => a.verify_every = num(i, o),
             "--bigdir-every" => a.bigdir_every = num(i, o),
+            "--max-time" => a.max_time = num(i, o).clamp(1, 1 << 32),
             "--skip" => {
                 let v = argv
                     .get(i + 1)
@@ -203,6 +208,9 @@ fn replay_line(a: &Args, ops: u64) -> String {
     }
     if a.bigdir_every != 1500 {
         s += &format!(" --bigdir-every {}", a.bigdir_every);
+    }
+    if a.max_time != 1 << 32 {
+        s += &format!(" --max-time {}", a.max_time);
     }
     if !a.direct {
         s += " --no-direct";
@@ -458,6 +466,7 @@ fn main() {
     }
     let mut gen = generator::Gen::new(a.seed, a.data_pct, a.bigdir_every);
     gen.skip = a.skip.clone();
+    gen.max_time = a.max_time;
     // The injection point and what follows it come from their own stream, so the operations
     // before it are the same as without --inject.
     let mut irng = rng::Rng::new(a.seed ^ 0x1f3c_7a5b_d00d_beef);
