@@ -44,6 +44,15 @@ impl TimeExp {
         }
     }
 
+    /// The latest time this expectation accepts.
+    pub fn latest(&self) -> i128 {
+        match *self {
+            TimeExp::Known(k) => k,
+            TimeExp::Window(_, hi) => hi,
+            TimeExp::OldOrWindow(old, _, hi) => old.max(hi),
+        }
+    }
+
     pub fn describe(&self) -> String {
         match *self {
             TimeExp::Known(k) => fmt_ns(k),
