@@ -753,3 +753,55 @@ fn owners_set_setgid_for_a_supplementary_group() {
         );
     }
 }
+
+/// rename(2) between two links of one file does nothing and succeeds (POSIX; Linux checks it
+/// in the VFS, but a guest whose dentries are stale, or that is not Linux, sends it).
+#[test]
+fn rename_between_links_of_one_file_does_nothing() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-rename-links");
+    let root = ctx(0, 0);
+    let (ino, fh) = create_as(&fs, &root, 1, &c("j"), 0o644);
+    release(&fs, ino, fh);
+    let d = fs.mkdir(&root, 1, &c("d"), 0o755, 0).unwrap().inode;
+    fs.link(&root, ino, 1, &c("c")).unwrap();
+    fs.link(&root, ino, d, &c("x")).unwrap();
+    fs.rename(&root, 1, &c("j"), 1, &c("c"), 0).unwrap();
+    fs.rename(&root, d, &c("x"), 1, &c("c"), 0).unwrap();
+    for (dir, name) in [(1, "j"), (1, "c"), (d, "x")] {
+        let e = fs
+            .lookup(&root, dir, &c(name))
+            .unwrap_or_else(|e| panic!("{name} after renames between links: {e}"));
+        assert_eq!(e.inode, ino, "{name}");
+        assert_eq!(e.attr.st_nlink, 3, "{name}: nlink");
+    }
+    // RENAME_NOREPLACE onto another link of the same file: EEXIST, as for any existing name.
+    assert_eq!(
+        errno(fs.rename(&root, 1, &c("j"), 1, &c("c"), libc::RENAME_NOREPLACE)),
+        libc::EEXIST
+    );
+}
+
+/// Removing an extended attribute the file does not have is ENODATA, whatever others it has.
+#[test]
+fn removing_a_missing_xattr_is_enodata() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-xattr");
+    let root = ctx(0, 0);
+    let (ino, fh) = create_as(&fs, &root, 1, &c("f"), 0o644);
+    release(&fs, ino, fh);
+    assert_eq!(
+        errno(fs.removexattr(&root, ino, &c("user.a"))),
+        libc::ENODATA
+    );
+    fs.setxattr(&root, ino, &c("user.a"), b"1", 0).unwrap();
+    assert_eq!(
+        errno(fs.removexattr(&root, ino, &c("user.a.longer.name"))),
+        libc::ENODATA
+    );
+    fs.removexattr(&root, ino, &c("user.a")).unwrap();
+    assert_eq!(
+        errno(fs.removexattr(&root, ino, &c("user.a"))),
+        libc::ENODATA
+    );
+}

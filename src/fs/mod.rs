@@ -28,8 +28,8 @@ use std::time::Duration;
 use ceph_client::{
     Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_ATIME_NOW, CEPH_SETATTR_CTIME,
     CEPH_SETATTR_GID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME, CEPH_SETATTR_MTIME_NOW,
-    CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR, CEPH_STATX_BASIC_STATS, CEPH_STATX_MODE,
-    CEPH_STATX_UID,
+    CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR, CEPH_STATX_BASIC_STATS, CEPH_STATX_INO,
+    CEPH_STATX_MODE, CEPH_STATX_UID,
 };
 use fuse_backend_rs::abi::fuse_abi::{
     stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, FOPEN_IN_KILL_SUIDGID,
@@ -559,6 +559,29 @@ impl CephFs {
             && mask & CEPH_SETATTR_GID != 0
             && mask & !chown == 0
             && (mask & CEPH_SETATTR_UID == 0 || st.stx_uid == cur.stx_uid))
+    }
+
+    /// Whether `oldname` in `old` and `newname` in `new` are links of one file. Both names
+    /// were just looked up by the guest, so libcephfs answers from its cache.
+    fn same_file(
+        &self,
+        old: &Node,
+        oldname: &CStr,
+        new: &Node,
+        newname: &CStr,
+        perm: &ceph_client::UserPerm,
+    ) -> io::Result<bool> {
+        let (_, from) = self
+            .mount
+            .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm)?;
+        match self
+            .mount
+            .lookup(&new.inode, newname, CEPH_STATX_INO, 0, perm)
+        {
+            Ok((_, to)) => Ok(vino_of(&from) == vino_of(&to)),
+            Err(e) if e.errno() == libc::ENOENT => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// After a rename between two directories: libcephfs 16 keeps the attributes of the
@@ -1145,7 +1168,15 @@ impl FileSystem for CephFs {
             return Err(errno(libc::EACCES));
         }
         match flags {
-            0 => {}
+            // POSIX: a rename between two links of one file does nothing. Linux's VFS checks
+            // it before asking the filesystem, but a guest whose dentries are stale (another
+            // client linked the names) sends it, and libcephfs then removed the source name
+            // and lost track of the file's other names.
+            0 => {
+                if self.same_file(&old, oldname, &new, newname, &perm)? {
+                    return Ok(());
+                }
+            }
             // libcephfs has no atomic "rename unless the target exists": check, then rename.
             // Another client creating the target between the two steps is not caught; within
             // one guest the kernel's directory locks serialise the two.
@@ -1481,7 +1512,12 @@ impl FileSystem for CephFs {
             XattrAccess::Hidden => return Err(errno(libc::ENODATA)),
         }
         let node = self.node_op(inode, "removexattr", ctx)?;
-        Ok(self.mount.removexattr(&node.inode, name, &self.perm(ctx))?)
+        match self.mount.removexattr(&node.inode, name, &self.perm(ctx)) {
+            // libcephfs says ENOENT for a name the inode does not carry (when it carries
+            // others); Linux says ENODATA. The inode itself exists: we hold it.
+            Err(e) if e.errno() == libc::ENOENT => Err(errno(libc::ENODATA)),
+            r => Ok(r?),
+        }
     }
 
     fn opendir(
