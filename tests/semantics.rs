@@ -805,3 +805,61 @@ fn removing_a_missing_xattr_is_enodata() {
         libc::ENODATA
     );
 }
+
+/// An owner whose file's group is one of its supplementary groups truncates and chgrps it:
+/// setgid without group-execute stays (Linux kills only setuid and setgid with group-exec),
+/// and ftruncate through a descriptor open for writing works after the file became
+/// read-only.
+#[test]
+fn owners_keep_setgid_without_group_exec() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-owner-sgid");
+    let root = ctx(0, 0);
+    let owner = ctx(1000, 1000);
+    let (ino, fh) = create_as(&fs, &root, 1, &c("f"), 0o644);
+    write(&fs, ino, fh, 0, &bytes(1, 100));
+    release(&fs, ino, fh);
+    let mut attr = stat(&fs, ino);
+    attr.st_uid = 1000;
+    attr.st_gid = 2000;
+    fs.setattr(
+        &root,
+        ino,
+        attr,
+        None,
+        SetattrValid::UID | SetattrValid::GID,
+    )
+    .unwrap();
+    attr.st_mode = libc::S_IFREG | 0o2666;
+    fs.setattr(&root, ino, attr, None, SetattrValid::MODE)
+        .unwrap();
+    let fh = fs
+        .open(&owner, ino, libc::O_RDWR as u32, 0)
+        .unwrap()
+        .0
+        .unwrap();
+    attr.st_mode = libc::S_IFREG | 0o2444;
+    fs.setattr(&owner, ino, attr, None, SetattrValid::MODE)
+        .unwrap();
+    attr.st_size = 10;
+    let (st, _) = fs
+        .setattr(
+            &owner,
+            ino,
+            attr,
+            Some(fh),
+            SetattrValid::SIZE | SetattrValid::KILL_SUIDGID,
+        )
+        .unwrap();
+    assert_eq!(st.st_size, 10);
+    assert_eq!(st.st_mode & 0o7777, 0o2444, "ftruncate by the owner");
+    attr.st_gid = 1000;
+    let valid = SetattrValid::UID | SetattrValid::GID | SetattrValid::KILL_SUIDGID;
+    let (st, _) = fs.setattr(&owner, ino, attr, None, valid).unwrap();
+    assert_eq!(
+        (st.st_gid, st.st_mode & 0o7777),
+        (1000, 0o2444),
+        "chgrp by the owner"
+    );
+    fs.release(&owner, ino, 0, fh, false, false, None).unwrap();
+}

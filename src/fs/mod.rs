@@ -970,8 +970,9 @@ impl FileSystem for CephFs {
         // guest negotiated: the MDS clears setgid on every chown, also without group-execute,
         // where Linux keeps it (it marks mandatory locking there, no privilege), so a chown of
         // a file with special bits names the mode it must end with.
-        // A caller who may change the size but does not own the file cannot set its mode in
-        // libcephfs: the mode it must end with is then set afterwards, as root (`mode_after`).
+        // The mode a non-root caller's change must leave is set afterwards, as root
+        // (`mode_after`): libcephfs refuses it from a non-owner who may change the size, and
+        // clears the bits its own way for everyone but root.
         let mut remove_caps = false;
         let mut mode_after = None;
         let owner_change = mask & (CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
@@ -980,10 +981,11 @@ impl FileSystem for CephFs {
         let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
         let killpriv = self.killpriv_on() && (size_or_owner || flagged);
         if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || size_or_owner) {
-            let st_cur =
+            let cur = u32::from(
                 self.mount
-                    .getattr(&node.inode, CEPH_STATX_MODE | CEPH_STATX_UID, 0, &perm)?;
-            let cur = u32::from(st_cur.stx_mode);
+                    .getattr(&node.inode, CEPH_STATX_MODE, 0, &perm)?
+                    .stx_mode,
+            );
             let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
                 Trigger::Truncate
             } else {
@@ -995,10 +997,11 @@ impl FileSystem for CephFs {
             } else {
                 Kill::default()
             };
-            // libcephfs also clears both bits on a size change by anyone but root.
+            // libcephfs also clears both bits on a size or owner change by anyone but root,
+            // whatever mode the same request names: for other callers the mode is set after.
             let special = cur & (libc::S_ISUID | libc::S_ISGID) != 0;
             if let Some(m) = kill.new_mode.or(special.then_some(cur)) {
-                if ctx.uid == 0 || ctx.uid == st_cur.stx_uid {
+                if ctx.uid == 0 {
                     mask |= CEPH_SETATTR_MODE;
                     st.stx_mode = (m & 0o7777) as u16;
                 } else {
