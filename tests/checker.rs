@@ -50,20 +50,9 @@ const SHARE_ARGS: &str = "--max-time 1700000000 --skip link";
 /// Who the unprivileged runs are: uid 1000 (`tester`), primary group 1000, supplementary 2000.
 const USER: &str = "1000:1000:2000";
 
-/// A random seed unless FSCHECK_SEED is set (no RNG crate: the std hasher is randomly keyed).
+/// A random seed unless FSCHECK_SEED is set.
 fn base_seed() -> u64 {
-    if let Ok(s) = std::env::var("FSCHECK_SEED") {
-        return s.trim().parse().expect("FSCHECK_SEED must be a u64");
-    }
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    );
-    h.finish() >> 1
+    common::seed_from_env("FSCHECK_SEED")
 }
 
 fn ops(mode: &str) -> u64 {

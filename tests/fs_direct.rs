@@ -4,16 +4,12 @@
 mod common;
 
 use std::ffi::CStr;
-use std::io;
 
 use ceph_virtiofsd::fs::{CephFs, FsConfig};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions, SetattrValid};
-use fuse_backend_rs::api::filesystem::{FileSystem, ZeroCopyReader};
-use fuse_backend_rs::file_buf::FileVolatileSlice;
-use fuse_backend_rs::file_traits::FileReadWriteVolatile;
-use vm_memory::VolatileSlice;
+use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::{c, ctx, errno, Lab};
+use common::{c, ctx, errno, Lab, Payload};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
     let export = lab.export_dir(name);
@@ -244,31 +240,6 @@ fn non_root_callers_are_checked_by_ceph() {
     let pubdir = fs.mkdir(&root, 1, &c("pub"), 0o777, 0).unwrap();
     let e = fs.mkdir(&user, pubdir.inode, &c("mine"), 0o755, 0).unwrap();
     assert_eq!((e.attr.st_uid, e.attr.st_gid), (1000, 1000));
-}
-
-/// WRITE payload from plain memory, standing in for the guest buffer of a virtqueue chain.
-struct Payload(Vec<u8>);
-
-impl io::Read for Payload {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = buf.len().min(self.0.len());
-        buf[..n].copy_from_slice(&self.0[..n]);
-        self.0.drain(..n);
-        Ok(n)
-    }
-}
-
-impl ZeroCopyReader for Payload {
-    fn read_to(
-        &mut self,
-        f: &mut dyn FileReadWriteVolatile,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        let n = count.min(self.0.len());
-        let slice = VolatileSlice::from(&mut self.0[..n]);
-        f.write_at_volatile(FileVolatileSlice::from_volatile_slice(&slice), off)
-    }
 }
 
 /// A guest's O_DIRECT write is on the OSDs when WRITE is answered: the RADOS object holds the

@@ -39,20 +39,9 @@ fn config(mmap: bool) -> String {
     )
 }
 
-/// A random seed unless FSX_SEED is set (no RNG crate: the std hasher is randomly keyed).
+/// A random seed unless FSX_SEED is set.
 fn base_seed() -> u64 {
-    if let Ok(s) = std::env::var("FSX_SEED") {
-        return s.trim().parse().expect("FSX_SEED must be a u64");
-    }
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos(),
-    );
-    h.finish() >> 1
+    common::seed_from_env("FSX_SEED")
 }
 
 fn ops() -> u64 {

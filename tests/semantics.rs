@@ -11,12 +11,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ceph_virtiofsd::fs::{CephFs, FsConfig};
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
-use fuse_backend_rs::api::filesystem::{Context, FileSystem, ZeroCopyReader, ZeroCopyWriter};
+use fuse_backend_rs::api::filesystem::{Context, FileSystem, ZeroCopyWriter};
 use fuse_backend_rs::file_buf::FileVolatileSlice;
 use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 use vm_memory::VolatileSlice;
 
-use common::{c, ctx, errno, Lab};
+use common::{c, ctx, errno, Lab, Payload};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
     let export = lab.export_dir(&format!("{name}-{}", std::process::id()));
@@ -58,31 +58,6 @@ fn open(fs: &CephFs, ino: u64, flags: i32) -> u64 {
 fn release(fs: &CephFs, ino: u64, fh: u64) {
     fs.release(&ctx(0, 0), ino, 0, fh, false, false, None)
         .unwrap();
-}
-
-/// WRITE payload from plain memory, standing in for the guest buffer of a virtqueue chain.
-struct Payload(Vec<u8>);
-
-impl io::Read for Payload {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = buf.len().min(self.0.len());
-        buf[..n].copy_from_slice(&self.0[..n]);
-        self.0.drain(..n);
-        Ok(n)
-    }
-}
-
-impl ZeroCopyReader for Payload {
-    fn read_to(
-        &mut self,
-        f: &mut dyn FileReadWriteVolatile,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        let n = count.min(self.0.len());
-        let slice = VolatileSlice::from(&mut self.0[..n]);
-        f.write_at_volatile(FileVolatileSlice::from_volatile_slice(&slice), off)
-    }
 }
 
 /// READ reply buffer in plain memory.

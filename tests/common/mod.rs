@@ -308,3 +308,51 @@ pub fn run_guest_env(
         console: out,
     }
 }
+
+/// A seed for a randomized guest run: the value of the environment variable `var` when set
+/// (to replay a run), else a new one each run (no RNG crate: the std hasher is randomly keyed).
+pub fn seed_from_env(var: &str) -> u64 {
+    if let Ok(s) = std::env::var(var) {
+        return s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} must be a u64"));
+    }
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
+    h.finish() >> 1
+}
+
+/// WRITE payload from plain memory, standing in for the guest buffer of a virtqueue chain.
+pub struct Payload(pub Vec<u8>);
+
+impl std::io::Read for Payload {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = buf.len().min(self.0.len());
+        buf[..n].copy_from_slice(&self.0[..n]);
+        self.0.drain(..n);
+        Ok(n)
+    }
+}
+
+impl fuse_backend_rs::api::filesystem::ZeroCopyReader for Payload {
+    fn read_to(
+        &mut self,
+        f: &mut dyn fuse_backend_rs::file_traits::FileReadWriteVolatile,
+        count: usize,
+        off: u64,
+    ) -> std::io::Result<usize> {
+        let n = count.min(self.0.len());
+        let slice = vm_memory::VolatileSlice::from(&mut self.0[..n]);
+        f.write_at_volatile(
+            fuse_backend_rs::file_buf::FileVolatileSlice::from_volatile_slice(&slice),
+            off,
+        )
+    }
+}
