@@ -184,11 +184,12 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// Stops the daemon as an operator would (SIGTERM: it unmounts and ends its MDS session),
+    /// SIGKILL only after the bound of `stop`. A daemon killed outright leaves its session for
+    /// the MDS to time out, and an MDS restart in another test then waits for it to reconnect
+    /// (tests/faults.rs saw a guest's first write wait past its 20 s bound).
     fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.stop();
     }
 }
 
