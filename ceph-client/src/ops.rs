@@ -14,17 +14,6 @@ use crate::statx::{
 };
 use crate::sys;
 
-/// The wall clock as a CephFS timestamp (for the mtime of a truncation).
-fn now() -> Timespec {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    Timespec {
-        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(d.subsec_nanos()),
-    }
-}
-
 /// Longest symlink target returned by `readlink` (1 MiB); CephFS itself caps targets far lower.
 const MAX_READLINK: usize = 1 << 20;
 
@@ -372,7 +361,7 @@ impl Mount {
     pub fn truncate_to_zero(&self, inode: &Inode, perms: &UserPerm) -> Result<()> {
         let st = Statx {
             stx_size: 0,
-            stx_mtime: now(),
+            stx_mtime: Timespec::now(),
             ..Default::default()
         };
         self.setattr(

@@ -11,6 +11,19 @@ pub struct Timespec {
     pub tv_nsec: libc::c_long,
 }
 
+impl Timespec {
+    /// The wall clock as a CephFS timestamp.
+    pub fn now() -> Timespec {
+        let d = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Timespec {
+            tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            tv_nsec: i64::from(d.subsec_nanos()),
+        }
+    }
+}
+
 /// Mirror of `struct ceph_statx` (ceph_ll_client.h): 136 bytes on 64-bit Linux, `stx_mode` is
 /// a `u16` at offset 20. Checked against the C header by `tests/layout.rs`.
 ///

@@ -211,17 +211,6 @@ pub fn to_stat(st: &Statx) -> stat64 {
     s
 }
 
-/// The wall clock as a CephFS timestamp.
-fn now() -> ceph_client::Timespec {
-    let d = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    ceph_client::Timespec {
-        tv_sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        tv_nsec: i64::from(d.subsec_nanos()),
-    }
-}
-
 /// The libcephfs setattr for a FUSE SETATTR: the attributes and the mask, with `now` for
 /// whatever the request leaves to the server to time:
 /// - `*_NOW` bits: libcephfs 16 ignores them in ll_setattr, so "now" is taken here;
@@ -962,7 +951,7 @@ impl FileSystem for CephFs {
             None => false,
         };
         let mut perm = self.perm(ctx);
-        let (mut st, mut mask) = setattr_request(&attr, valid, now())?;
+        let (mut st, mut mask) = setattr_request(&attr, valid, ceph_client::Timespec::now())?;
 
         // Mode bits a chown or truncate must clear, or keep. SB_NOSEC contract: clear
         // setuid/setgid in the same setattr when the guest flagged it (and did not set the mode
