@@ -5,40 +5,18 @@ mod common;
 
 use std::ffi::CStr;
 
-use ceph_virtiofsd::fs::{CephFs, FsConfig};
-use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions, SetattrValid};
+use ceph_virtiofsd::fs::CephFs;
+use fuse_backend_rs::abi::fuse_abi::SetattrValid;
 use fuse_backend_rs::api::filesystem::FileSystem;
 
 use common::{c, ctx, errno, Lab, Payload};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
-    let export = lab.export_dir(name);
-    let mount = ceph_client::MountBuilder::new(Some(&lab.client_id))
-        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
-        .and_then(|b| b.mount(&export))
-        .unwrap();
-    let fs = CephFs::new(mount, FsConfig::default()).unwrap();
-    // A Linux 6.1 guest offers HANDLE_KILLPRIV_V2.
-    fs.init(FsOptions::HANDLE_KILLPRIV_V2 | FsOptions::ASYNC_READ)
-        .unwrap();
-    fs
+    common::fs_layer(lab, name)
 }
 
 fn create(fs: &CephFs, parent: u64, name: &CStr, mode: u32) -> (u64, u64) {
-    let (e, fh, _, _) = fs
-        .create(
-            &ctx(0, 0),
-            parent,
-            name,
-            CreateIn {
-                flags: libc::O_RDWR as u32,
-                mode,
-                umask: 0,
-                fuse_flags: 0,
-            },
-        )
-        .unwrap();
-    (e.inode, fh.unwrap())
+    common::create_as(fs, &ctx(0, 0), parent, name, mode)
 }
 
 #[test]

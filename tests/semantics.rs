@@ -5,47 +5,20 @@
 
 mod common;
 
-use std::ffi::CStr;
 use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ceph_virtiofsd::fs::{CephFs, FsConfig};
-use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
-use fuse_backend_rs::api::filesystem::{Context, FileSystem, ZeroCopyWriter};
+use ceph_virtiofsd::fs::CephFs;
+use fuse_backend_rs::abi::fuse_abi::{stat64, SetattrValid};
+use fuse_backend_rs::api::filesystem::{FileSystem, ZeroCopyWriter};
 use fuse_backend_rs::file_buf::FileVolatileSlice;
 use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 use vm_memory::VolatileSlice;
 
-use common::{c, ctx, errno, Lab, Payload};
+use common::{c, create_as, ctx, errno, Lab, Payload};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
-    let export = lab.export_dir(&format!("{name}-{}", std::process::id()));
-    let mount = ceph_client::MountBuilder::new(Some(&lab.client_id))
-        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
-        .and_then(|b| b.mount(&export))
-        .unwrap();
-    let fs = CephFs::new(mount, FsConfig::default()).unwrap();
-    // What a Linux 6.1 guest offers.
-    fs.init(FsOptions::HANDLE_KILLPRIV_V2 | FsOptions::ASYNC_READ)
-        .unwrap();
-    fs
-}
-
-fn create_as(fs: &CephFs, who: &Context, parent: u64, name: &CStr, mode: u32) -> (u64, u64) {
-    let (e, fh, _, _) = fs
-        .create(
-            who,
-            parent,
-            name,
-            CreateIn {
-                flags: libc::O_RDWR as u32,
-                mode,
-                umask: 0,
-                fuse_flags: 0,
-            },
-        )
-        .unwrap();
-    (e.inode, fh.unwrap())
+    common::fs_layer(lab, &format!("{name}-{}", std::process::id()))
 }
 
 fn open(fs: &CephFs, ino: u64, flags: i32) -> u64 {

@@ -357,3 +357,47 @@ impl fuse_backend_rs::api::filesystem::ZeroCopyReader for Payload {
         )
     }
 }
+
+/// The filesystem layer on a fresh export `name` of the test cluster, called in-process the way
+/// fuse-backend-rs's server calls it, after FUSE_INIT with what a Linux 6.1 guest offers.
+pub fn fs_layer(lab: &Lab, name: &str) -> ceph_virtiofsd::fs::CephFs {
+    use fuse_backend_rs::api::filesystem::FileSystem;
+    let export = lab.export_dir(name);
+    let mount = MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.mount(&export))
+        .unwrap();
+    let fs =
+        ceph_virtiofsd::fs::CephFs::new(mount, ceph_virtiofsd::fs::FsConfig::default()).unwrap();
+    fs.init(
+        fuse_backend_rs::abi::fuse_abi::FsOptions::HANDLE_KILLPRIV_V2
+            | fuse_backend_rs::abi::fuse_abi::FsOptions::ASYNC_READ,
+    )
+    .unwrap();
+    fs
+}
+
+/// CREATE of `name` in `parent` (O_RDWR) by `who`: the node id and the open handle.
+pub fn create_as(
+    fs: &ceph_virtiofsd::fs::CephFs,
+    who: &fuse_backend_rs::api::filesystem::Context,
+    parent: u64,
+    name: &std::ffi::CStr,
+    mode: u32,
+) -> (u64, u64) {
+    use fuse_backend_rs::api::filesystem::FileSystem;
+    let (e, fh, _, _) = fs
+        .create(
+            who,
+            parent,
+            name,
+            fuse_backend_rs::abi::fuse_abi::CreateIn {
+                flags: libc::O_RDWR as u32,
+                mode,
+                umask: 0,
+                fuse_flags: 0,
+            },
+        )
+        .unwrap();
+    (e.inode, fh.unwrap())
+}
