@@ -151,7 +151,7 @@ pub struct FsConfig {
     pub allow_ceph_xattr_set: bool,
     /// Quarantine gate (None = quarantine support off). See [`crate::quarantine`].
     pub quarantine: Option<Arc<crate::quarantine::Gate>>,
-    /// How to open a second session for renames over hard links ([`side`]); without it they
+    /// How to open another session, for renames over hard links ([`side`]); without it they
     /// go through the main session, and libcephfs may then hide the file's other names.
     pub second_session: Option<side::Connector>,
 }
@@ -184,7 +184,7 @@ pub struct CephFs {
     killpriv: AtomicBool,
     /// Inodes whose data libcephfs's object cache may hold.
     cached: cached::CachedInodes,
-    /// The second session, for renames over hard links.
+    /// Short second sessions, for renames over hard links.
     side: side::SideClient,
 }
 
@@ -370,9 +370,6 @@ impl CephFs {
     pub fn shutdown(&self) -> io::Result<()> {
         self.handles.clear();
         self.nodes.clear();
-        if let Err(e) = self.side.shutdown() {
-            tracing::warn!(error = %e, "unmounting the second CephFS session failed");
-        }
         Ok(self.mount.shutdown()?)
     }
 

@@ -1,24 +1,31 @@
-//! A second CephFS client session, opened on first need, for the one operation whose effect on
-//! the main session's cache libcephfs gets wrong: a rename that replaces one name of a file with
-//! other hard links.
+//! A short second CephFS client session for the one operation whose effect on the main
+//! session's cache libcephfs gets wrong: a rename that replaces one name of a file with other
+//! hard links.
 //!
 //! When such a rename completes, libcephfs (16.2; the Reef ceph-fuse shows it too) "trims" the
 //! replaced inode (`Client::put_request` → `_try_to_trim_inode`): it turns every cached dentry of
 //! that inode into a null dentry, also those of the names that still exist, and leaves their
 //! directories marked complete. From then on the session answers ENOENT for those names and
 //! leaves them out of readdir, until the MDS happens to revoke its caps on the directory
-//! (`ln a i; mv h i; ls` lost `a`). Done through a second session instead, the rename leaves the
+//! (`ln a i; mv h i; ls` lost `a`). Done through another session instead, the rename leaves the
 //! main session's dentries alone, and the MDS revokes the main session's caps on the directories
-//! the rename changes before it commits, so the main session reads them afresh. The second
-//! session's own cache may be wrong afterwards; it never lists or looks up anything.
+//! the rename changes before it commits, so the main session reads them afresh.
 //!
-//! Cost: one more MDS session, opened at the first such rename only (most daemons never open
-//! it), and the MDS round trips of a rename from a client without caps.
+//! The session lives for that one rename and is unmounted before the guest is answered. Kept
+//! open, it held caps on every directory it had renamed in, and the MDS then revoked and
+//! re-granted the main session's shared xattr cap on each of those directories' next xattr
+//! change; the re-grant, sent before the change was journaled, carried the old ctime, and
+//! libcephfs took it: the directory's ctime went back (fscheck found it within a few thousand
+//! operations). Cost: a session setup and teardown per such rename, 0.1-1 s on a loopback
+//! cluster (the teardown waits for the MDS to journal the session's end, which is when it drops
+//! the session's caps). Renames over a name with other links are rare (a package manager
+//! replacing hard-linked files); one such session runs at a time.
 
 use std::ffi::CStr;
 use std::fmt;
 use std::io;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use ceph_client::{CephError, Mount, UserPerm};
 
@@ -32,49 +39,27 @@ impl fmt::Debug for Connector {
     }
 }
 
-/// The second session: `None` inside once opening it failed (logged once; callers fall back).
+/// Opens the short sessions; warns once if that fails (the caller then renames itself).
 #[derive(Debug, Default)]
 pub struct SideClient {
     connect: Option<Connector>,
-    mount: OnceLock<Option<Mount>>,
+    warned: AtomicBool,
+    /// One such session at a time: a guest renaming over hard links in a loop costs the
+    /// cluster one extra session, not one per request in flight.
+    one: Mutex<()>,
 }
 
 impl SideClient {
     pub fn new(connect: Option<Connector>) -> Self {
         SideClient {
             connect,
-            mount: OnceLock::new(),
+            warned: AtomicBool::new(false),
+            one: Mutex::new(()),
         }
     }
 
-    fn get(&self) -> Option<&Mount> {
-        self.mount
-            .get_or_init(|| {
-                let connect = self.connect.as_ref()?;
-                match (connect.0)() {
-                    Ok(m) => {
-                        tracing::info!(
-                            client_id = m.instance_id(),
-                            "opened a second CephFS session for renames over hard links"
-                        );
-                        Some(m)
-                    }
-                    Err(e) => {
-                        tracing::warn!(
-                            error = %e,
-                            "opening a second CephFS session failed: renames over hard links \
-                             go through the main session, which may then hide the file's \
-                             other names until the MDS revokes its caps"
-                        );
-                        None
-                    }
-                }
-            })
-            .as_ref()
-    }
-
     /// `rename(olddir/oldname, newdir/newname)` by inode numbers of head directories, through
-    /// the second session. `None`: there is no second session (the caller renames itself).
+    /// a session of its own. `None`: no session could be opened (the caller renames itself).
     pub fn rename(
         &self,
         olddir: u64,
@@ -83,7 +68,23 @@ impl SideClient {
         newname: &CStr,
         perm: &UserPerm,
     ) -> Option<io::Result<()>> {
-        let m = self.get()?;
+        let connect = self.connect.as_ref()?;
+        let _one = self.one.lock().unwrap_or_else(|e| e.into_inner());
+        let m = match (connect.0)() {
+            Ok(m) => m,
+            Err(e) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %e,
+                        "opening a second CephFS session for a rename over a hard link \
+                         failed: such renames go through the main session, which may then \
+                         hide the file's other names until the MDS revokes its caps \
+                         (logged once)"
+                    );
+                }
+                return None;
+            }
+        };
         let run = || -> Result<(), CephError> {
             let old = m.lookup_inode(olddir)?;
             if newdir == olddir {
@@ -92,14 +93,11 @@ impl SideClient {
             let new = m.lookup_inode(newdir)?;
             m.rename(&old, oldname, &new, newname, perm)
         };
-        Some(run().map_err(io::Error::from))
-    }
-
-    /// End of service: unmount the second session if it was opened.
-    pub fn shutdown(&self) -> io::Result<()> {
-        match self.mount.get() {
-            Some(Some(m)) => Ok(m.shutdown()?),
-            _ => Ok(()),
+        let r = run();
+        // Unmounting returns the session's caps before the guest hears of the rename.
+        if let Err(e) = m.shutdown() {
+            tracing::warn!(error = %e, "unmounting the rename session failed");
         }
+        Some(r.map_err(io::Error::from))
     }
 }
