@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::abi::fuse_abi::Opcode;
+use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode};
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use tracing::{debug, error, warn};
@@ -29,8 +29,8 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard,
-    GuestMemoryMmap,
+    Address, ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic,
+    GuestMemoryLoadGuard, GuestMemoryMmap,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -44,7 +44,8 @@ use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 mod cost;
 mod pool;
 use crate::server::{
-    ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS,
+    mark_queue_thread, ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW,
+    FUSE_SYNCFS,
 };
 use cost::ServeCost;
 use pool::{PoolLimits, WorkerPool};
@@ -59,6 +60,8 @@ type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
 pub const HIPRIO_QUEUE: usize = 0;
 /// Largest queue size we accept (what virtiofsd offers).
 pub const QUEUE_SIZE: usize = 1024;
+/// With `--thread-pool-size 0`, the most threads serving lock waits (SETLKW) at once.
+const WAITS_POOL_MAX: usize = 16;
 /// Size of `struct virtio_fs_config`: tag[36] + le32 num_request_queues.
 pub const VIRTIO_FS_CONFIG_LEN: usize = MAX_TAG_LEN + 4;
 
@@ -148,6 +151,9 @@ struct Inner<F: FileSystem + Send + Sync> {
     closed: AtomicBool,
     in_flight: Arc<InFlight>,
     pool: Option<WorkerPool>,
+    /// Threads for requests that may wait for another request (SETLKW) when there is no
+    /// worker pool: those never run on a queue thread.
+    waits_pool: Option<WorkerPool>,
     /// What each opcode has been costing: where the next request of a batch runs.
     cost: Arc<ServeCost>,
     config_space: Option<[u8; VIRTIO_FS_CONFIG_LEN]>,
@@ -212,6 +218,9 @@ where
             0 => None,
             n => Some(WorkerPool::new(PoolLimits::for_max(n))),
         };
+        let waits_pool = pool
+            .is_none()
+            .then(|| WorkerPool::new(PoolLimits::for_max(WAITS_POOL_MAX)));
         Ok(VhostUserFsBackend {
             inner: Arc::new(Inner {
                 server: Arc::new(FuseServer::new(fs)),
@@ -220,6 +229,7 @@ where
                 closed: AtomicBool::new(false),
                 in_flight: Arc::new(InFlight::default()),
                 pool,
+                waits_pool,
                 cost: Arc::default(),
                 config_space: options.tag.as_deref().map(|t| config_space(t, q)),
                 request_queues: q,
@@ -276,38 +286,36 @@ where
             if self.inner.closed.load(Ordering::Acquire) {
                 break;
             }
-            let guard = mem.memory();
-            let chain = vring
-                .get_mut()
-                .get_queue_mut()
-                .pop_descriptor_chain(guard.clone());
-            let Some(chain) = chain else { break };
-            let pending = Pending {
-                in_flight: self.inner.in_flight.enter(),
-                depth: metrics::global().queue_enter(queue),
-                opcode: opcode(&guard, &chain),
-                guard,
-                chain,
+            let Some(pending) = self.pop(vring, mem, queue) else {
+                break;
             };
+            let dispatch = Dispatch::of(pending.opcode());
+            if dispatch == Dispatch::Waits {
+                // Whatever the queue and the pool size: a lock wait on this thread would stall
+                // the queue that carries the unlock.
+                if let Some(pool) = self.inner.pool.as_ref().or(self.inner.waits_pool.as_ref()) {
+                    self.submit(pool, vring, pending, queue, true);
+                    continue;
+                }
+            }
             match &self.inner.pool {
-                Some(pool) if queue != HIPRIO_QUEUE => {
-                    match Dispatch::of(pending.opcode) {
-                        Dispatch::Waits => self.submit(pool, vring, pending, queue, true),
-                        Dispatch::Blocks => self.submit(pool, vring, pending, queue, false),
-                        Dispatch::Quick if self.inner.cost.cheap(pending.opcode) => {
-                            // What waited for the batch's end goes first: it will take longer.
-                            if let Some(prev) = last.take() {
-                                self.submit(pool, vring, prev, queue, false);
-                            }
-                            self.serve(pending, vring, queue);
+                Some(pool) if queue != HIPRIO_QUEUE => match dispatch {
+                    Dispatch::Waits | Dispatch::Blocks => {
+                        self.submit(pool, vring, pending, queue, false)
+                    }
+                    Dispatch::Quick if self.inner.cost.cheap(pending.opcode()) => {
+                        // What waited for the batch's end goes first: it will take longer.
+                        if let Some(prev) = last.take() {
+                            self.submit(pool, vring, prev, queue, false);
                         }
-                        Dispatch::Quick => {
-                            if let Some(prev) = last.replace(pending) {
-                                self.submit(pool, vring, prev, queue, false);
-                            }
+                        self.serve(pending, vring, queue);
+                    }
+                    Dispatch::Quick => {
+                        if let Some(prev) = last.replace(pending) {
+                            self.submit(pool, vring, prev, queue, false);
                         }
                     }
-                }
+                },
                 // No choice to make, so nothing to time.
                 _ => pending.serve(&self.inner.server, vring, queue, None),
             }
@@ -315,6 +323,22 @@ where
         if let Some(p) = last {
             self.serve(p, vring, queue);
         }
+    }
+
+    /// Pop the next available chain and read its in-header.
+    fn pop(&self, vring: &Vring, mem: &GuestMem, queue: usize) -> Option<Pending> {
+        let guard = mem.memory();
+        let chain = vring
+            .get_mut()
+            .get_queue_mut()
+            .pop_descriptor_chain(guard.clone())?;
+        Some(Pending {
+            in_flight: self.inner.in_flight.enter(),
+            depth: metrics::global().queue_enter(queue),
+            header: read_header(&guard, &chain),
+            guard,
+            chain,
+        })
     }
 
     /// Serve a `Dispatch::Quick` request here, timing it for `cost`.
@@ -325,7 +349,7 @@ where
     fn submit(&self, pool: &WorkerPool, vring: &Vring, p: Pending, queue: usize, waits: bool) {
         let server = self.inner.server.clone();
         // Only Quick kinds consult their cost; the others go to a worker whatever it is.
-        let cost = (Dispatch::of(p.opcode) == Dispatch::Quick).then(|| self.inner.cost.clone());
+        let cost = (Dispatch::of(p.opcode()) == Dispatch::Quick).then(|| self.inner.cost.clone());
         let vring = vring.clone();
         pool.submit(
             Box::new(move || p.serve(&server, &vring, queue, cost.as_deref())),
@@ -458,35 +482,51 @@ impl Dispatch {
 struct Pending {
     in_flight: InFlightGuard,
     depth: metrics::QueueDepthGuard,
-    opcode: Option<u32>,
+    /// The in-header, read once when the chain was popped: where the request runs and what
+    /// the server does with it are both decided from this copy. `None`: malformed.
+    header: Option<InHeader>,
     guard: MemGuard,
     chain: DescriptorChain<MemGuard>,
 }
 
 impl Pending {
+    fn opcode(&self) -> Option<u32> {
+        self.header.map(|h| h.opcode)
+    }
+
     /// Serve the request and give it back; with `cost`, account how long that took.
     fn serve<F>(self, server: &FuseServer<F>, vring: &Vring, queue: usize, cost: Option<&ServeCost>)
     where
         F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
     {
         let start = cost.map(|_| Instant::now());
-        complete_chain(server, vring, &self.guard, self.chain, queue);
+        let opcode = self.opcode();
+        complete_chain(server, vring, &self.guard, self.chain, self.header, queue);
         if let (Some(cost), Some(start)) = (cost, start) {
-            cost.record(self.opcode, start.elapsed());
+            cost.record(opcode, start.elapsed());
         }
         drop(self.depth);
         drop(self.in_flight);
     }
 }
 
-/// The opcode of a request, read from its in-header without consuming the chain; `None` when
-/// the first descriptor does not hold it (the server will judge such a request).
-fn opcode(mem: &MemGuard, chain: &DescriptorChain<MemGuard>) -> Option<u32> {
-    let first = chain.clone().next()?;
-    if first.is_write_only() || first.len() < 8 {
-        return None;
+/// The request's in-header, read from the chain's readable descriptors (it may span several);
+/// `None` when they do not hold one (the server will judge such a request).
+fn read_header(mem: &MemGuard, chain: &DescriptorChain<MemGuard>) -> Option<InHeader> {
+    let mut header = InHeader::default();
+    let buf = header.as_mut_slice();
+    let mut filled = 0;
+    for desc in chain.clone().readable() {
+        if filled >= buf.len() {
+            break;
+        }
+        let len = usize::try_from(desc.len()).unwrap_or(usize::MAX);
+        let take = len.min(buf.len() - filled);
+        let dst = buf.get_mut(filled..filled + take)?;
+        mem.read_slice(dst, desc.addr()).ok()?;
+        filled += take;
     }
-    mem.read_obj::<u32>(first.addr().checked_add(4)?).ok()
+    (filled == buf.len()).then_some(header)
 }
 
 fn queue_error(e: virtio_queue::Error) -> io::Error {
@@ -499,12 +539,13 @@ fn complete_chain<F>(
     vring: &Vring,
     mem: &MemGuard,
     chain: DescriptorChain<MemGuard>,
+    header: Option<InHeader>,
     queue: usize,
 ) where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
     let head = chain.head_index();
-    let used = match serve_chain(server, mem, chain, queue) {
+    let used = match serve_chain(server, mem, chain, header, queue) {
         Ok(n) => u32::try_from(n).unwrap_or_else(|_| {
             warn!(
                 queue,
@@ -531,22 +572,30 @@ fn complete_chain<F>(
     }
 }
 
-/// Map the chain (popped from virtqueue `queue`) into a FUSE reader/writer and run the server.
+/// Map the chain (popped from virtqueue `queue`, with the in-header read when it was popped)
+/// into a FUSE reader/writer and run the server.
 pub fn serve_chain<F>(
     server: &FuseServer<F>,
     mem: &MemGuard,
     chain: DescriptorChain<MemGuard>,
+    header: Option<InHeader>,
     queue: usize,
 ) -> Result<usize, ChainError>
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
+    let Some(header) = header else {
+        metrics::global().record_malformed();
+        let available =
+            Reader::from_descriptor_chain(&**mem, chain).map_or(0, |r| r.available_bytes());
+        return Err(ChainError::Server(ServerError::ShortHeader(available)));
+    };
     let reader =
         Reader::from_descriptor_chain(&**mem, chain.clone()).map_err(ChainError::Reader)?;
     let probe = chain.clone();
     let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
     server
-        .handle_message(reader, Writer::from(writer), queue, |written| {
+        .handle_message(header, reader, Writer::from(writer), queue, |written| {
             read_reply_head(mem, probe, written)
         })
         .map_err(ChainError::Server)
@@ -687,6 +736,7 @@ where
             warn!(device_event, "Event for an unknown queue; ignoring");
             return Ok(());
         };
+        mark_queue_thread();
         debug!(queue = thread_id, "Queue kicked");
         // An error here means the guest's ring addresses are unusable. Returning it would end
         // this queue's thread for good; log it and retry on the next kick instead.

@@ -41,6 +41,8 @@ pub(crate) struct TestFs {
     served: Mutex<Vec<(u32, bool)>>,
     /// A lock held by "another client": SETLKW on handle [`HELD_FH`] waits while it is true.
     held: (Mutex<bool>, std::sync::Condvar),
+    /// Calls of operations the daemon does not serve (BMAP, POLL): none may arrive.
+    unserved: Mutex<Vec<&'static str>>,
 }
 
 /// The handle whose SETLKW waits for [`TestFs::release_lock`].
@@ -137,6 +139,33 @@ impl FileSystem for TestFs {
         }
         assert_eq!((handle, owner, lock.start, lock.end), (7, 9, 0, u64::MAX));
         Ok(())
+    }
+
+    fn bmap(&self, _ctx: &Context, _inode: u64, _block: u64, _blocksize: u32) -> io::Result<u64> {
+        self.note_unserved("bmap");
+        Ok(0)
+    }
+
+    fn poll(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        _handle: u64,
+        _khandle: u64,
+        _flags: u32,
+        _events: u32,
+    ) -> io::Result<u32> {
+        self.note_unserved("poll");
+        Ok(0)
+    }
+}
+
+impl TestFs {
+    fn note_unserved(&self, op: &'static str) {
+        self.unserved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(op);
     }
 }
 
@@ -547,6 +576,8 @@ fn setlkw_waits_instead_of_failing_like_setlk() {
     let blocking = driver.submit(&request(FUSE_SETLKW, 6, ROOT_ID, lk), 64);
     let at_once = driver.submit(&request(FUSE_SETLK, 7, ROOT_ID, lk), 64);
     kick(&backend, &vring, 1);
+    // SETLKW is served off the queue thread, also without a worker pool.
+    wait_used(&driver, 2);
     let out: OutHeader = driver.read(blocking);
     assert_eq!((out.error, out.unique), (0, 6), "SETLKW reached setlkw");
     let out: OutHeader = driver.read(at_once);
@@ -1029,4 +1060,222 @@ fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
     let mut expected = vec![(FUSE_LOOKUP, true); 4];
     expected.extend([(FUSE_GETATTR, false); 4]);
     assert_eq!(served, expected);
+}
+
+/// A request with the given header fields and body, its declared length as given.
+fn raw_request(opcode: u32, unique: u64, len: u32, body: &[u8]) -> Vec<u8> {
+    let header = InHeader {
+        len,
+        opcode,
+        unique,
+        nodeid: ROOT_ID,
+        uid: 1000,
+        gid: 1000,
+        pid: 42,
+        padding: 0,
+    };
+    let mut bytes = header.as_slice().to_vec();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// Opcodes the daemon does not serve, or that do not exist, are answered ENOSYS by us: they
+/// never reach fuse-backend-rs (whose trace line transmutes 0, 7 and 19 into its enum) nor the
+/// filesystem, and serving goes on.
+#[test]
+fn hostile_unserved_opcodes_get_enosys_and_never_reach_the_filesystem() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.submit(&init_request(1), 256);
+    kick(&backend, &vring, 1);
+    let opcodes = [0, 7, 19, 37, 39, 40, 41, 48, 49, 51, 52, 4096, u32::MAX];
+    let body = [0u8; 64];
+    let mut replies = Vec::new();
+    for (i, &op) in opcodes.iter().enumerate() {
+        let unique = 100 + i as u64;
+        let reply = driver.submit(&request_bytes(op, unique, ROOT_ID, &body), 256);
+        replies.push((op, unique, reply));
+    }
+    let getattr = driver.submit(
+        &request(FUSE_GETATTR, 999, ROOT_ID, GetattrIn::default()),
+        256,
+    );
+    kick(&backend, &vring, 1);
+    for (op, unique, reply) in replies {
+        let out: OutHeader = driver.read(reply);
+        assert_eq!(
+            (out.error, out.unique, out.len),
+            (-libc::ENOSYS, unique, size_of::<OutHeader>() as u32),
+            "opcode {op}"
+        );
+    }
+    let out: OutHeader = driver.read(getattr);
+    assert_eq!((out.error, out.unique), (0, 999));
+    assert_eq!(
+        *fs.unserved.lock().unwrap_or_else(PoisonError::into_inner),
+        Vec::<&str>::new()
+    );
+}
+
+/// A declared length shorter than the header, or longer than the chain's readable bytes, is
+/// answered EINVAL before fuse-backend-rs sizes a buffer by it.
+#[test]
+fn hostile_declared_length_the_chain_does_not_hold_gets_einval() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let too_long = driver.submit(&raw_request(FUSE_LOOKUP, 5, 40 + 100_000, b"x\0"), 64);
+    let too_short = driver.submit(&raw_request(FUSE_LOOKUP, 6, 8, b"x\0"), 64);
+    let huge = driver.submit(&raw_request(FUSE_LOOKUP, 7, u32::MAX, b"x\0"), 64);
+    kick(&backend, &vring, 1);
+    for (reply, unique) in [(too_long, 5), (too_short, 6), (huge, 7)] {
+        let out: OutHeader = driver.read(reply);
+        assert_eq!((out.error, out.unique), (-libc::EINVAL, unique));
+    }
+    assert!(fs.take_served().is_empty(), "LOOKUP reached the filesystem");
+}
+
+/// The guest rewrites a request's header after the queue thread popped it (a GETATTR, so the
+/// queue thread serves it) into a SETLKW on a held lock: the server acts on what was popped,
+/// and the queue thread never starts a lock wait. (fuse-backend-rs reads the header again
+/// and may see the rewrite, but it serves SETLKW as the non-blocking SETLK.)
+#[test]
+fn hostile_header_rewritten_after_the_pop_cannot_start_a_lock_wait() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(2, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    fs.hold_lock();
+    let mut bytes = held_lock_request(21);
+    bytes
+        .get_mut(4..8)
+        .unwrap_or_else(|| panic!("short request"))
+        .copy_from_slice(&FUSE_GETATTR.to_ne_bytes());
+    let req = driver.next_data;
+    driver.submit(&bytes, 256);
+    let pending = backend
+        .pop(&vring, &mem, 1)
+        .unwrap_or_else(|| panic!("nothing popped"));
+    assert_eq!(pending.opcode(), Some(FUSE_GETATTR));
+    assert_eq!(Dispatch::of(pending.opcode()), Dispatch::Quick);
+    gm.write_obj(FUSE_SETLKW, GuestAddress(req + 4))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::scope(|s| {
+        // A plain thread, as a worker: only the server's own decision keeps it from waiting.
+        let t = s.spawn(|| pending.serve(&backend.inner.server, &vring, 1, None));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let finished = t.is_finished();
+        fs.release_lock();
+        assert!(finished, "the rewritten request waited for the lock");
+    });
+    assert_eq!(driver.used_idx(), 1);
+}
+
+fn held_lock_request(unique: u64) -> Vec<u8> {
+    let lk = LkIn {
+        fh: HELD_FH,
+        owner: 9,
+        lk: AbiFileLock {
+            start: 0,
+            end: u64::MAX,
+            type_: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        lk_flags: 0,
+        padding: 0,
+    };
+    request(FUSE_SETLKW, unique, 42, lk)
+}
+
+/// A SETLKW that waits for a lock never holds up its queue: with or without a worker pool,
+/// and on the hiprio queue too, the request after it is served while it waits.
+#[test]
+fn hostile_setlkw_never_waits_on_a_queue_thread() {
+    for (threads, queue) in [(0, 1), (2, 1), (2, HIPRIO_QUEUE)] {
+        let (gm, mem) = memory();
+        let mut driver = Driver::new(&gm);
+        let vring = driver.vring(&mem);
+        let (backend, fs) = backend(threads, None);
+        backend
+            .update_memory(mem.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        fs.hold_lock();
+        let waiting = driver.submit(&held_lock_request(31), 64);
+        let getattr = driver.submit(
+            &request(FUSE_GETATTR, 32, ROOT_ID, GetattrIn::default()),
+            256,
+        );
+        std::thread::scope(|s| {
+            let queue_thread = s.spawn(|| kick(&backend, &vring, queue));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let served = loop {
+                let out: OutHeader = driver.read(getattr);
+                if out.unique == 32 && queue_thread.is_finished() {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            // Let a queue thread stuck in the wait go, so that the test ends either way.
+            fs.release_lock();
+            assert!(
+                served,
+                "threads={threads} queue={queue}: the queue thread waited for the lock"
+            );
+        });
+        wait_used(&driver, 2);
+        let out: OutHeader = driver.read(waiting);
+        assert_eq!((out.error, out.unique), (0, 31), "threads={threads}");
+        assert!(backend.close_and_drain(Duration::from_secs(5)));
+    }
+}
+
+/// Should a SETLKW still end up on a queue thread (no thread could be started for it), it is
+/// refused with ENOLCK rather than waited for there.
+#[test]
+fn hostile_setlkw_reaching_a_queue_thread_is_refused() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    fs.hold_lock();
+    let reply = driver.submit(&held_lock_request(41), 64);
+    let pending = backend
+        .pop(&vring, &mem, 1)
+        .unwrap_or_else(|| panic!("nothing popped"));
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            mark_queue_thread();
+            pending.serve(&backend.inner.server, &vring, 1, None);
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let finished = t.is_finished();
+        fs.release_lock();
+        assert!(finished, "the SETLKW waited on the queue thread");
+    });
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique), (-libc::ENOLCK, 41));
 }
