@@ -41,6 +41,7 @@ use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 use crate::metrics;
 use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
+mod bounce;
 mod cost;
 mod pool;
 use crate::server::{
@@ -85,6 +86,8 @@ pub struct BackendOptions {
 pub enum ChainError {
     #[error("Cannot map the request's readable descriptors")]
     Reader(#[source] fuse_backend_rs::transport::Error),
+    #[error("Cannot copy the request's in-header")]
+    Bounce(#[source] bounce::BounceError),
     #[error("Cannot map the request's writable descriptors")]
     Writer(#[source] fuse_backend_rs::transport::Error),
     #[error("Cannot serve the request")]
@@ -499,6 +502,7 @@ impl Pending {
     where
         F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
     {
+        bounce::warm();
         let start = cost.map(|_| Instant::now());
         let opcode = self.opcode();
         complete_chain(server, vring, &self.guard, self.chain, self.header, queue);
@@ -590,8 +594,12 @@ where
             Reader::from_descriptor_chain(&**mem, chain).map_or(0, |r| r.available_bytes());
         return Err(ChainError::Server(ServerError::ShortHeader(available)));
     };
-    let reader =
-        Reader::from_descriptor_chain(&**mem, chain.clone()).map_err(ChainError::Reader)?;
+    // fuse-backend-rs reads the in-header from a private copy of what the queue thread
+    // decoded, never again from guest memory (see `bounce`).
+    let composite = bounce::compose(mem).map_err(ChainError::Bounce)?;
+    let private = bounce::request_chain(&composite, mem, chain.clone(), &header)
+        .map_err(ChainError::Bounce)?;
+    let reader = Reader::from_descriptor_chain(&*composite, private).map_err(ChainError::Reader)?;
     let probe = chain.clone();
     let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
     server

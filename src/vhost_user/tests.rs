@@ -269,6 +269,39 @@ impl<'a> Driver<'a> {
         self.next_desc += u16::try_from(descs.len()).unwrap_or(0);
     }
 
+    /// Publish a chain of one indirect descriptor whose table holds `descs`.
+    fn submit_indirect(&mut self, descs: &[(u64, u32, bool)]) {
+        let table_len = u32::try_from(descs.len() * 16).unwrap_or(0);
+        let table = self.alloc(table_len);
+        for (i, &(addr, len, writable)) in descs.iter().enumerate() {
+            let last = i + 1 == descs.len();
+            let mut flags = if writable { VRING_DESC_F_WRITE } else { 0 };
+            if !last {
+                flags |= VRING_DESC_F_NEXT;
+            }
+            let next = if last {
+                0
+            } else {
+                u16::try_from(i + 1).unwrap_or(0)
+            };
+            let desc = SplitDescriptor::new(addr, len, u16::try_from(flags).unwrap_or(0), next);
+            self.gm
+                .write_obj(desc, GuestAddress(table + 16 * i as u64))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let head = RawDescriptor::from(SplitDescriptor::new(
+            table,
+            table_len,
+            u16::try_from(virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT).unwrap_or(0),
+            0,
+        ));
+        let first = self.next_desc;
+        self.mq
+            .add_desc_chains(&[head], first)
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.next_desc += 1;
+    }
+
     /// Publish a request (one readable buffer) with a reply buffer; return the reply address.
     fn submit(&mut self, request: &[u8], reply_len: u32) -> u64 {
         let len = u32::try_from(request.len()).unwrap_or(0);
@@ -1145,9 +1178,8 @@ fn hostile_declared_length_the_chain_does_not_hold_gets_einval() {
 }
 
 /// The guest rewrites a request's header after the queue thread popped it (a GETATTR, so the
-/// queue thread serves it) into a SETLKW on a held lock: the server acts on what was popped,
-/// and the queue thread never starts a lock wait. (fuse-backend-rs reads the header again
-/// and may see the rewrite, but it serves SETLKW as the non-blocking SETLK.)
+/// queue thread serves it) into a SETLKW on a held lock: the request is served as the GETATTR
+/// that was popped, by our server and by fuse-backend-rs alike, and never waits for the lock.
 #[test]
 fn hostile_header_rewritten_after_the_pop_cannot_start_a_lock_wait() {
     let (gm, mem) = memory();
@@ -1164,7 +1196,7 @@ fn hostile_header_rewritten_after_the_pop_cannot_start_a_lock_wait() {
         .unwrap_or_else(|| panic!("short request"))
         .copy_from_slice(&FUSE_GETATTR.to_ne_bytes());
     let req = driver.next_data;
-    driver.submit(&bytes, 256);
+    let reply = driver.submit(&bytes, 256);
     let pending = backend
         .pop(&vring, &mem, 1)
         .unwrap_or_else(|| panic!("nothing popped"));
@@ -1183,7 +1215,10 @@ fn hostile_header_rewritten_after_the_pop_cannot_start_a_lock_wait() {
         fs.release_lock();
         assert!(finished, "the rewritten request waited for the lock");
     });
-    assert_eq!(driver.used_idx(), 1);
+    // TestFs knows only the root: GETATTR of node 42 is ENOENT (SETLK would be EAGAIN).
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique), (-libc::ENOENT, 21));
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
 }
 
 fn held_lock_request(unique: u64) -> Vec<u8> {
@@ -1278,4 +1313,49 @@ fn hostile_setlkw_reaching_a_queue_thread_is_refused() {
     });
     let out: OutHeader = driver.read(reply);
     assert_eq!((out.error, out.unique), (-libc::ENOLCK, 41));
+}
+
+/// Malformed chains are returned to the guest with nothing written, and serving goes on: more
+/// readable descriptors than any request needs (an indirect table of 1100), and a descriptor
+/// naming the daemon's private request region instead of guest memory.
+#[test]
+fn hostile_overlong_and_out_of_memory_chains_are_returned_unanswered() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    // A valid GETATTR, its body spread over 1100 one-byte descriptors.
+    let bytes = request(FUSE_GETATTR, 51, ROOT_ID, GetattrIn::default());
+    let req = driver.alloc(4096);
+    gm.write_slice(&bytes, GuestAddress(req))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply = driver.alloc(256);
+    let mut descs = vec![(req, 40, false)];
+    descs.extend((0..1100).map(|i| (req + 40 + (i % 16), 1, false)));
+    descs.push((reply, 256, true));
+    driver.submit_indirect(&descs);
+    // The body in the private region (its address is 1 << 62).
+    let req2 = driver.alloc(64);
+    gm.write_slice(&bytes, GuestAddress(req2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply2 = driver.alloc(256);
+    driver.submit_descs(&[(req2, 40, false), (1 << 62, 16, false), (reply2, 256, true)]);
+    let ok = driver.submit(
+        &request(FUSE_GETATTR, 53, ROOT_ID, GetattrIn::default()),
+        256,
+    );
+    kick(&backend, &vring, 1);
+    assert_eq!(driver.used_idx(), 3);
+    assert_eq!(driver.used(0).1, 0, "the overlong chain was answered");
+    assert_eq!(
+        driver.used(1).1,
+        0,
+        "the chain into the private region was answered"
+    );
+    let out: OutHeader = driver.read(ok);
+    assert_eq!((out.error, out.unique), (0, 53));
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
 }
