@@ -263,6 +263,19 @@ where
         self.inner.event_idx.store(false, Ordering::Release);
     }
 
+    /// End the session of a frontend that went away, before the next one connects: wait, at
+    /// most `limit`, until the requests it left in flight are answered, then drop every node
+    /// and handle it was given (releasing their libcephfs references), so that the next
+    /// frontend cannot use them. The caller makes sure that no queue thread of the old
+    /// connection runs any more. False: requests are still running and nothing was dropped.
+    pub fn end_session(&self, limit: Duration) -> bool {
+        if !self.inner.in_flight.wait_idle(limit) {
+            return false;
+        }
+        self.inner.server.end_session();
+        true
+    }
+
     /// Stop dispatching new requests and wait, at most `limit`, until every request in flight
     /// has been answered. True: no FUSE call is running and none will start. False: some call
     /// is still blocked (a SETLKW waiting for another client's lock, a libcephfs call waiting

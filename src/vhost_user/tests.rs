@@ -43,6 +43,10 @@ pub(crate) struct TestFs {
     held: (Mutex<bool>, std::sync::Condvar),
     /// Calls of operations the daemon does not serve (BMAP, POLL): none may arrive.
     unserved: Mutex<Vec<&'static str>>,
+    /// Handles given by OPEN; FLUSH checks them; DESTROY empties the table.
+    handles: crate::fs::handles::HandleTable<()>,
+    /// How often the session was ended (DESTROY, or the end of a frontend's connection).
+    pub(crate) destroyed: AtomicUsize,
 }
 
 /// The handle whose SETLKW waits for [`TestFs::release_lock`].
@@ -139,6 +143,37 @@ impl FileSystem for TestFs {
         }
         assert_eq!((handle, owner, lock.start, lock.end), (7, 9, 0, u64::MAX));
         Ok(())
+    }
+
+    fn destroy(&self) {
+        self.handles.clear();
+        self.destroyed.fetch_add(1, AtomicOrdering::SeqCst);
+    }
+
+    fn open(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        _flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<(
+        Option<u64>,
+        fuse_backend_rs::api::filesystem::OpenOptions,
+        Option<u32>,
+    )> {
+        let fh = self.handles.insert(inode, ());
+        Ok((
+            Some(fh),
+            fuse_backend_rs::api::filesystem::OpenOptions::empty(),
+            None,
+        ))
+    }
+
+    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _owner: u64) -> io::Result<()> {
+        self.handles
+            .get(inode, handle)
+            .map(|_| ())
+            .map_err(io::Error::from_raw_os_error)
     }
 
     fn bmap(&self, _ctx: &Context, _inode: u64, _block: u64, _blocksize: u32) -> io::Result<u64> {
@@ -1358,4 +1393,53 @@ fn hostile_overlong_and_out_of_memory_chains_are_returned_unanswered() {
     let out: OutHeader = driver.read(ok);
     assert_eq!((out.error, out.unique), (0, 53));
     assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
+}
+
+/// A frontend reconnects (`--keep-serving`): the handles the previous one was given are gone
+/// before the new one can send a request.
+#[test]
+fn hostile_reconnect_drops_the_previous_sessions_handles() {
+    use fuse_backend_rs::abi::fuse_abi::{FlushIn, OpenIn, OpenOut};
+    let (backend, fs) = backend(2, None);
+    let flush = |fh| FlushIn {
+        fh,
+        unused: 0,
+        padding: 0,
+        lock_owner: 0,
+    };
+    let fh = {
+        let (gm, mem) = memory();
+        let mut driver = Driver::new(&gm);
+        let vring = driver.vring(&mem);
+        backend
+            .update_memory(mem.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        driver.submit(&init_request(1), 256);
+        let open = driver.submit(&request(14, 2, ROOT_ID, OpenIn::default()), 256);
+        kick(&backend, &vring, 1);
+        wait_used(&driver, 2);
+        let out: OpenOut = driver.read(open + size_of::<OutHeader>() as u64);
+        let flushed = driver.submit(&request(25, 3, ROOT_ID, flush(out.fh)), 64);
+        kick(&backend, &vring, 1);
+        wait_used(&driver, 3);
+        let reply: OutHeader = driver.read(flushed);
+        assert_eq!((reply.error, reply.unique), (0, 3), "the handle works");
+        out.fh
+    };
+    // The frontend went away without a DESTROY; its queue threads have ended.
+    backend.reset_connection();
+    assert!(backend.end_session(Duration::from_secs(5)));
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.submit(&init_request(1), 256);
+    let flushed = driver.submit(&request(25, 2, ROOT_ID, flush(fh)), 64);
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 2);
+    let reply: OutHeader = driver.read(flushed);
+    assert_eq!((reply.error, reply.unique), (-libc::EBADF, 2));
+    assert_eq!(fs.destroyed.load(AtomicOrdering::SeqCst), 1);
 }
