@@ -24,7 +24,7 @@ use virtio_queue::desc::split::Descriptor;
 use virtio_queue::{DescriptorChain, Queue, QueueOwnedT, QueueT};
 use vm_memory::{
     Address, ByteValued, Bytes, GuestAddress, GuestMemory, GuestMemoryMmap, GuestRegionMmap,
-    MmapRegion,
+    MemoryRegionAddress, MmapRegion,
 };
 
 /// Where the private region starts: guest physical addresses stay far below (52 bits at most).
@@ -121,8 +121,28 @@ where
     M: std::ops::Deref,
     M::Target: GuestMemory,
 {
+    let region = region()?;
+    let setup = |e: vm_memory::GuestMemoryError| BounceError::Setup(e.to_string());
+    let put_desc = |i: usize, addr: u64, len: u32, last: bool| {
+        // i < TABLE: the index and the next one fit in u16.
+        let next = u16::try_from(i + 1).unwrap_or(0);
+        let desc = if last {
+            Descriptor::new(addr, len, 0, 0)
+        } else {
+            Descriptor::new(addr, len, VRING_DESC_F_NEXT as u16, next)
+        };
+        region
+            .write_obj(desc, MemoryRegionAddress(DESC_AT + 16 * i as u64))
+            .map_err(setup)
+    };
     let header_len = size_of::<InHeader>();
-    let mut parts: Vec<(u64, u32)> = vec![(BASE + HEADER_AT, header_len as u32)];
+    region
+        .write_slice(header.as_slice(), MemoryRegionAddress(HEADER_AT))
+        .map_err(setup)?;
+    // Each descriptor is written with NEXT; the last one is written again without it.
+    let mut last = (BASE + HEADER_AT, header_len as u32);
+    let mut count = 1;
+    put_desc(0, last.0, last.1, false)?;
     let mut skip = header_len as u64;
     for desc in chain.readable() {
         let (mut addr, mut len) = (desc.addr(), u64::from(desc.len()));
@@ -139,34 +159,19 @@ where
         if !in_guest {
             return Err(BounceError::OutsideMemory);
         }
-        if parts.len() >= usize::from(TABLE) {
+        if count >= usize::from(TABLE) {
             return Err(BounceError::TooLong);
         }
         // `len` came from a u32 and only shrank.
-        parts.push((addr.raw_value(), u32::try_from(len).unwrap_or(0)));
+        last = (addr.raw_value(), u32::try_from(len).unwrap_or(0));
+        put_desc(count, last.0, last.1, false)?;
+        count += 1;
     }
-    let setup = |e: vm_memory::GuestMemoryError| BounceError::Setup(e.to_string());
-    composite
-        .write_slice(header.as_slice(), GuestAddress(BASE + HEADER_AT))
-        .map_err(setup)?;
-    let last = parts.len() - 1;
-    for (i, &(addr, len)) in parts.iter().enumerate() {
-        // i < TABLE, so both fit in u16.
-        let next = u16::try_from(i + 1).unwrap_or(0);
-        let flags = if i == last {
-            0
-        } else {
-            VRING_DESC_F_NEXT as u16
-        };
-        let desc = Descriptor::new(addr, len, flags, if i == last { 0 } else { next });
-        composite
-            .write_obj(desc, GuestAddress(BASE + DESC_AT + 16 * i as u64))
-            .map_err(setup)?;
-    }
+    put_desc(count - 1, last.0, last.1, true)?;
     // Avail ring: flags 0, idx 1, ring[0] = descriptor 0.
     for (at, value) in [(0, 0u16), (2, 1), (4, 0)] {
-        composite
-            .write_obj(value.to_le(), GuestAddress(BASE + AVAIL_AT + at))
+        region
+            .write_obj(value.to_le(), MemoryRegionAddress(AVAIL_AT + at))
             .map_err(setup)?;
     }
     let queue_err = |e: virtio_queue::Error| BounceError::Setup(e.to_string());

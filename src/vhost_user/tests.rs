@@ -1395,6 +1395,36 @@ fn hostile_overlong_and_out_of_memory_chains_are_returned_unanswered() {
     assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
 }
 
+/// A request in an indirect table, its header split over two descriptors, is served.
+#[test]
+fn indirect_chain_with_a_split_header_is_served() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = request(FUSE_GETATTR, 61, ROOT_ID, GetattrIn::default());
+    let req = driver.alloc(64);
+    gm.write_slice(&bytes, GuestAddress(req))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply = driver.alloc(256);
+    driver.submit_indirect(&[
+        (req, 12, false),
+        (req + 12, 30, false),
+        (req + 42, 14, false),
+        (reply, 16, true),
+        (reply + 16, 240, true),
+    ]);
+    kick(&backend, &vring, 1);
+    let out: OutHeader = driver.read(reply);
+    let expected = u32::try_from(size_of::<OutHeader>() + size_of::<AttrOut>()).unwrap_or(0);
+    assert_eq!((out.error, out.unique, out.len), (0, 61, expected));
+    assert_eq!(driver.used(0).1, expected);
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
+}
+
 /// A frontend reconnects (`--keep-serving`): the handles the previous one was given are gone
 /// before the new one can send a request.
 #[test]
