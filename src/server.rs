@@ -213,10 +213,12 @@ where
                 &io::Error::from_raw_os_error(libc::ENOSYS),
             );
         }
-        // The declared length must cover the header and lie within the chain's readable bytes:
-        // fuse-backend-rs sizes name and xattr buffers by it.
+        // The declared length must cover the header and the opcode's in-struct (else
+        // fuse-backend-rs fails to decode it and the guest gets no reply) and lie within the
+        // chain's readable bytes (fuse-backend-rs sizes name and xattr buffers by it).
         let declared = usize::try_from(header.len).unwrap_or(usize::MAX);
-        if declared < size_of::<InHeader>() || declared > reader.available_bytes() {
+        let needed = size_of::<InHeader>() + in_struct_len(header.opcode);
+        if declared < needed || declared > reader.available_bytes() {
             return reply_error(
                 header.unique,
                 writer,
@@ -338,6 +340,44 @@ where
             Ok(()) => reply::<WriteOut, S>(header.unique, writer, None),
             Err(e) => reply_error(header.unique, writer, &e),
         }
+    }
+}
+
+/// Size of the fixed in-struct fuse-backend-rs 0.14 (or our own handler) reads first for
+/// `opcode`; 0 for requests that carry only names or nothing.
+fn in_struct_len(opcode: u32) -> usize {
+    use fuse_backend_rs::abi::fuse_abi::{
+        AccessIn, BatchForgetIn, CreateIn, FallocateIn, FlushIn, ForgetIn, FsyncIn, GetattrIn,
+        GetxattrIn, InitIn, LinkIn, LseekIn, MkdirIn, MknodIn, OpenIn, ReadIn, ReleaseIn,
+        Rename2In, RenameIn, SetattrIn, SetxattrIn, WriteIn,
+    };
+    match opcode {
+        2 => size_of::<ForgetIn>(),
+        3 => size_of::<GetattrIn>(),
+        4 => size_of::<SetattrIn>(),
+        8 => size_of::<MknodIn>(),
+        9 => size_of::<MkdirIn>(),
+        12 => size_of::<RenameIn>(),
+        13 => size_of::<LinkIn>(),
+        14 | 27 => size_of::<OpenIn>(),
+        15 | 28 | 44 => size_of::<ReadIn>(),
+        16 => size_of::<WriteIn>(),
+        18 | 29 => size_of::<ReleaseIn>(),
+        20 | 30 => size_of::<FsyncIn>(),
+        21 => size_of::<SetxattrIn>(),
+        22 | 23 => size_of::<GetxattrIn>(),
+        25 => size_of::<FlushIn>(),
+        26 => size_of::<InitIn>(),
+        31..=33 => size_of::<LkIn>(),
+        34 => size_of::<AccessIn>(),
+        35 => size_of::<CreateIn>(),
+        42 => size_of::<BatchForgetIn>(),
+        43 => size_of::<FallocateIn>(),
+        45 => size_of::<Rename2In>(),
+        46 => size_of::<LseekIn>(),
+        FUSE_COPY_FILE_RANGE => size_of::<CopyFileRangeIn>(),
+        FUSE_SYNCFS => size_of::<SyncfsIn>(),
+        _ => 0,
     }
 }
 

@@ -1190,8 +1190,9 @@ fn hostile_unserved_opcodes_get_enosys_and_never_reach_the_filesystem() {
     );
 }
 
-/// A declared length shorter than the header, or longer than the chain's readable bytes, is
-/// answered EINVAL before fuse-backend-rs sizes a buffer by it.
+/// A declared length shorter than the header and the opcode's in-struct, or longer than the
+/// chain's readable bytes, is answered EINVAL before fuse-backend-rs decodes the request (it
+/// would size a buffer by it, or fail and leave the guest without a reply).
 #[test]
 fn hostile_declared_length_the_chain_does_not_hold_gets_einval() {
     let (gm, mem) = memory();
@@ -1204,8 +1205,10 @@ fn hostile_declared_length_the_chain_does_not_hold_gets_einval() {
     let too_long = driver.submit(&raw_request(FUSE_LOOKUP, 5, 40 + 100_000, b"x\0"), 64);
     let too_short = driver.submit(&raw_request(FUSE_LOOKUP, 6, 8, b"x\0"), 64);
     let huge = driver.submit(&raw_request(FUSE_LOOKUP, 7, u32::MAX, b"x\0"), 64);
+    // Consistent lengths, but shorter than GETATTR's in-struct.
+    let short_struct = driver.submit(&raw_request(FUSE_GETATTR, 8, 40 + 4, &[0; 4]), 64);
     kick(&backend, &vring, 1);
-    for (reply, unique) in [(too_long, 5), (too_short, 6), (huge, 7)] {
+    for (reply, unique) in [(too_long, 5), (too_short, 6), (huge, 7), (short_struct, 8)] {
         let out: OutHeader = driver.read(reply);
         assert_eq!((out.error, out.unique), (-libc::EINVAL, unique));
     }
