@@ -1,6 +1,7 @@
 //! Process lifecycle: listen on the vhost-user socket (or an inherited fd), hold a pid lock next
 //! to the socket, run the vhost-user daemon, end on frontend disconnect (or wait for a new
-//! frontend with `--keep-serving`), and stop on SIGTERM/SIGINT so `main` can unmount Ceph.
+//! frontend with `--keep-serving`, after ending the old one's FUSE session: the next frontend
+//! starts without its nodes and handles), and stop on SIGTERM/SIGINT so `main` can unmount Ceph.
 //!
 //! Control plane: a small tokio current-thread runtime in its own thread, for signals and the
 //! slow-request watchdog (`crate::metrics::watchdog`).
@@ -273,6 +274,7 @@ where
                  that does not answer): the next frontend is accepted once they end"
             );
         }
+        info!("The disconnected frontend's FUSE session ended: its nodes and handles are dropped");
         info!("--keep-serving: waiting for the frontend to reconnect");
     }
 }

@@ -1,9 +1,12 @@
 //! vhost-user glue for virtio-fs: queues, features, config space, `handle_event`.
 //!
 //! Queue 0 is the hiprio queue (FORGET, INTERRUPT), queues 1..=N carry requests. Each queue has
-//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there.
-//! Those that wait for the OSDs or the MDS are handed to an elastic worker pool
-//! (`--thread-pool-size` = most workers; 0 = serve everything inline), except the last of a
+//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there, and
+//! each one's FUSE in-header is read once: every decision about the request is made from that
+//! copy, and the server gets it too (fuse-backend-rs reads it from a private copy, `bounce`).
+//! Requests that wait for the OSDs or the MDS are handed to an elastic worker pool
+//! (`--thread-pool-size` = most workers; 0 = serve everything inline but lock waits, which
+//! never run on a queue thread), except the last of a
 //! batch; the queue thread serves that one, and the requests libcephfs has lately been
 //! answering from its caches (`cost`), itself. So a burst of waiting requests spreads over the
 //! workers, and a lone request or a cached one pays no hand-off. A worker builds the
@@ -290,7 +293,7 @@ where
     /// With a worker pool, requests that move data or wait for the OSDs (READ, WRITE, FSYNC,
     /// …) always go to the pool: served here, one of them would keep the queue unread for a
     /// whole OSD round trip. SETLKW may wait for another request of the same queue to
-    /// unlock, so it gets a worker of its own. Of the others, those whose kind has been
+    /// unlock, so it gets a worker of its own, on every queue and also without a pool. Of the others, those whose kind has been
     /// answering from libcephfs's caches are served right here, in order (see `cost`): on a
     /// worker they would only add a hand-off before taking libcephfs's client lock. The rest
     /// go to the pool, except the last of the batch, served right here too: a lone request (a
@@ -571,6 +574,10 @@ fn complete_chain<F>(
             0
         }),
         Err(e) => {
+            // The server counts what it rejects; count what never reached it.
+            if !matches!(e, ChainError::Server(_)) {
+                metrics::global().record_malformed();
+            }
             warn!(queue, head, error = %error_chain(&e), "Malformed request; returning it unanswered");
             0
         }
