@@ -39,6 +39,9 @@ const SLOTS: usize = 64;
 pub(super) struct ServeCost {
     by_opcode: [AtomicU32; SLOTS],
     other: AtomicU32,
+    /// Tests of the placement (not of the learning) set the means and keep them.
+    #[cfg(test)]
+    frozen: std::sync::atomic::AtomicBool,
 }
 
 impl Default for ServeCost {
@@ -46,6 +49,8 @@ impl Default for ServeCost {
         ServeCost {
             by_opcode: std::array::from_fn(|_| AtomicU32::new(0)),
             other: AtomicU32::new(0),
+            #[cfg(test)]
+            frozen: std::sync::atomic::AtomicBool::new(false),
         }
     }
 }
@@ -60,6 +65,10 @@ impl ServeCost {
 
     /// Account one request of `opcode` that took `took` to serve.
     pub fn record(&self, opcode: Option<u32>, took: Duration) {
+        #[cfg(test)]
+        if self.frozen.load(Ordering::Relaxed) {
+            return;
+        }
         let slot = self.slot(opcode);
         let sample = i64::from(u32::try_from(took.as_nanos()).unwrap_or(u32::MAX));
         let old = i64::from(slot.load(Ordering::Relaxed));
@@ -70,6 +79,17 @@ impl ServeCost {
     /// The mean serve time of `opcode` so far.
     pub fn mean(&self, opcode: Option<u32>) -> Duration {
         Duration::from_nanos(u64::from(self.slot(opcode).load(Ordering::Relaxed)))
+    }
+
+    /// Set the means of some kinds and stop learning: placement tests then do not depend on
+    /// how long a request happened to take on a loaded machine.
+    #[cfg(test)]
+    pub fn freeze_with(&self, means: &[(u32, Duration)]) {
+        self.frozen.store(true, Ordering::Relaxed);
+        for (op, mean) in means {
+            let ns = u32::try_from(mean.as_nanos()).unwrap_or(u32::MAX);
+            self.slot(Some(*op)).store(ns, Ordering::Relaxed);
+        }
     }
 
     /// Whether a request of `opcode` is cheap enough to serve inline with others behind it.

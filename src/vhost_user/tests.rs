@@ -1082,7 +1082,9 @@ fn data_requests_always_go_to_workers() {
 
 /// Requests of a kind that has been answering quickly are served by the queue thread itself,
 /// in a batch too; a kind that has been slow is spread over the workers, but for the last of
-/// a batch, which the queue thread serves after handing the others out.
+/// a batch, which the queue thread serves after handing the others out. The kinds' costs are
+/// set, not learnt (how the means learn is `cost`'s own tests): on a loaded machine a cheap
+/// GETATTR preempted for milliseconds would otherwise count as slow.
 #[test]
 fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
     let (gm, mem) = memory();
@@ -1092,6 +1094,10 @@ fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
     backend
         .update_memory(mem.clone())
         .unwrap_or_else(|e| panic!("{e}"));
+    backend.inner.cost.freeze_with(&[
+        (FUSE_GETATTR, Duration::ZERO),
+        (FUSE_LOOKUP, Duration::from_millis(1)),
+    ]);
     driver.submit(&init_request(1), 256);
     for unique in 2..=7 {
         let getattr = request(FUSE_GETATTR, unique, ROOT_ID, GetattrIn::default());
@@ -1101,15 +1107,15 @@ fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
     wait_used(&driver, 7);
     assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false); 6]);
 
-    // LOOKUP was never seen: the first is served inline, and its 20 ms make the kind slow.
+    // A batch of slow LOOKUPs: all but the last go to workers.
     for unique in 8..=11 {
         driver.submit(&lookup_request(unique, "slow"), 256);
     }
     kick(&backend, &vring, 1);
     wait_used(&driver, 11);
     let served = fs.take_served();
-    assert_eq!(served.first(), Some(&(FUSE_LOOKUP, false)), "{served:?}");
-    assert_eq!(served.iter().filter(|(_, w)| *w).count(), 2, "{served:?}");
+    assert_eq!(served.iter().filter(|(_, w)| *w).count(), 3, "{served:?}");
+    assert_eq!(served.iter().filter(|(_, w)| !*w).count(), 1, "{served:?}");
 
     // Now a batch of slow ones spreads over the workers, and cached GETATTRs among them still
     // run right here.
