@@ -879,3 +879,77 @@ fn hostile_quarantine_copy_file_range_stops_at_the_next_chunk() {
         "the copy went on after the quarantine: {copied} of {LEN} bytes"
     );
 }
+
+/// What a gate change costs: every node derives its domain again at its next request, up its
+/// chain of links, each confirmed by a lookup. For a guest's tree of directories this must be
+/// answered from libcephfs's cache (no MDS request), with each directory walked once.
+#[test]
+fn hostile_quarantine_rederivation_costs_no_mds_request() {
+    let lab = Lab::get();
+    let name = format!("hostile-qcost-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let sock = work.join("fs.asok");
+    let gate = std::sync::Arc::new(quarantine::Gate::new());
+    // A domain elsewhere, denied: the state in which every watcher round invalidates.
+    let far = gate.domain_for_path("/elsewhere").unwrap();
+    gate.publish(&[true]);
+    assert!(gate.denied(far));
+    let mount = MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.conf_set("admin_socket", &sock.to_string_lossy()))
+        .and_then(|b| b.mount(&export))
+        .unwrap();
+    let fs = CephFs::new(
+        mount,
+        FsConfig {
+            quarantine: Some(gate.clone()),
+            ..FsConfig::default()
+        },
+    )
+    .unwrap();
+    fs.init(FsOptions::ASYNC_READ).unwrap();
+    let root = ctx(0);
+    let mut dir = 1;
+    let mut nodes = Vec::new();
+    for depth in 0..16 {
+        dir = fs
+            .mkdir(&root, dir, &c(&format!("d{depth}")), 0o755, 0)
+            .unwrap()
+            .inode;
+        nodes.push(dir);
+        for i in 0..8 {
+            nodes.push(write_file(&fs, dir, &format!("f{i}")));
+        }
+    }
+    let pass = || {
+        for &n in &nodes {
+            fs.getattr(&root, n, None).unwrap();
+        }
+    };
+    pass();
+    let mut last = (0, 0);
+    for attempt in 0..3 {
+        let b = mds_requests(&sock);
+        let t = Instant::now();
+        pass();
+        let steady_us = t.elapsed().as_micros();
+        let steady = mds_requests(&sock) - b;
+        let b = mds_requests(&sock);
+        let t = Instant::now();
+        gate.invalidate();
+        pass();
+        let change_us = t.elapsed().as_micros();
+        let after_change = mds_requests(&sock) - b;
+        println!(
+            "attempt {attempt}: {} GETATTRs over nodes 16 deep: MDS requests {steady} without \
+             and {after_change} with a gate change; {steady_us} us without, {change_us} us with",
+            nodes.len(),
+        );
+        last = (steady, after_change);
+        if steady == after_change {
+            break;
+        }
+    }
+    assert_eq!(last.0, last.1, "re-deriving domains asks the MDS");
+}

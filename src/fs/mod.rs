@@ -424,7 +424,7 @@ impl CephFs {
         if at == generation {
             return (d, generation);
         }
-        let d = self.derive_domain(node, g);
+        let d = self.derive_domain(node, g, generation);
         node.set_domain(d, generation);
         (d, generation)
     }
@@ -459,44 +459,63 @@ impl CephFs {
     /// renamed or removed it): a link that no longer holds, a chain that ends elsewhere, or
     /// a file with more links while a domain near the export is denied (its other names may
     /// lie in it) gives [`crate::quarantine::UNSURE`], which is always denied.
-    fn derive_domain(&self, node: &Node, g: &crate::quarantine::Gate) -> u32 {
+    ///
+    /// The directories passed on the way up are stamped too, and the walk stops at the first
+    /// one already derived in this generation: after a gate change each directory costs one
+    /// lookup, and each file one more.
+    fn derive_domain(&self, node: &Node, g: &crate::quarantine::Gate, generation: u32) -> u32 {
         use crate::quarantine::UNSURE;
         let perm = self.perms.get(0, 0);
-        let mut holder: Option<Arc<Node>> = None;
+        // The ancestors passed, nearest first; all of them lie between `node` and where the
+        // walk ended, so they get the same domain (none of them is a domain root).
+        let mut chain: Vec<Arc<Node>> = Vec::new();
+        let mut domain = UNSURE;
         for _ in 0..PATH_MAX {
-            let n: &Node = holder.as_deref().unwrap_or(node);
+            let n: &Node = chain.last().map_or(node, |p| &**p);
+            if !chain.is_empty() {
+                let (d, at) = n.domain_at();
+                if at == generation {
+                    domain = d;
+                    break;
+                }
+            }
             if n.id == ROOT_ID {
-                return g.root_domain();
+                domain = g.root_domain();
+                break;
             }
             if n.is_dir() {
                 if let Some(d) = g.domain_of_root(n.vino.ino) {
-                    return d;
+                    domain = d;
+                    break;
                 }
             }
             let head = n.vino.snapid == NOSNAP;
             let Some(link) = n.link() else {
                 // A directory found by "..": its ancestry as libcephfs knows it.
                 if n.is_dir() && head {
-                    return match self.walk_up(&n.inode, n.vino.ino, Some(g)) {
+                    domain = match self.walk_up(&n.inode, n.vino.ino, Some(g)) {
                         Up::Root => g.root_domain(),
                         Up::Domain(d) => d,
                         Up::Outside => UNSURE,
                     };
                 }
-                return UNSURE;
+                break;
             };
             if head && !self.link_holds(&link, n.vino, &perm) {
-                return UNSURE;
+                break;
             }
             if head && !n.is_dir() && g.near_denied() {
                 match self.mount.getattr(&n.inode, CEPH_STATX_NLINK, 0, &perm) {
                     Ok(st) if st.stx_nlink <= 1 => {}
-                    _ => return UNSURE,
+                    _ => break,
                 }
             }
-            holder = Some(link.parent);
+            chain.push(link.parent);
         }
-        UNSURE
+        for p in &chain {
+            p.set_domain(domain, generation);
+        }
+        domain
     }
 
     /// Whether `link.name` in `link.parent` is still inode `vino`.
@@ -510,12 +529,12 @@ impl CephFs {
         }
     }
 
-    /// Walk the real ancestry of head directory `start` (inode `ino`) in CephFS with
-    /// libcephfs's ".." (which is trustworthy for head directories: their one parent dentry,
-    /// or the MDS's LOOKUPPARENT), until the export root, or, with a gate, the first domain
-    /// root. Anything else (the filesystem root, a loop, an error, too deep) is `Outside`.
-    /// Cold path: ".." from the guest and domain derivation after a gate change; every step
-    /// is answered from libcephfs's dentry cache for the directories we hold.
+    /// Walk the ancestry of head directory `start` (inode `ino`) with libcephfs's ".." (for a
+    /// head directory its one parent dentry as libcephfs last learnt it, or the MDS's
+    /// LOOKUPPARENT; after another client's rename it can still be the old parent), until the
+    /// export root, or, with a gate, the first domain root. Anything else (the filesystem
+    /// root, a loop, an error, too deep) is `Outside`. Cold path: ".." of a directory whose
+    /// own link no longer holds, and domain derivation of a directory found that way.
     fn walk_up(&self, start: &Inode, ino: u64, g: Option<&crate::quarantine::Gate>) -> Up {
         /// Deeper than any path CephFS serves (PATH_MAX / 2 components).
         const MAX_DEPTH: usize = PATH_MAX / 2;
@@ -825,11 +844,13 @@ impl CephFs {
 
     /// LOOKUP "..": the export root's is the export root; a `.snap` directory's is the
     /// directory it belongs to; a snapshot root's is its `.snap`; any other node on the
-    /// snapshot side's is the node it was found in (a snapshot does not change). Only for a
-    /// head directory is libcephfs asked (its one parent dentry), and the answer must lie
-    /// below the export root ([`Self::walk_up`]): a directory another client moved out of
-    /// the export has no parent the guest may see (EACCES). libcephfs's own ".." of the
-    /// export root's `.snap` is the export's parent (issue 13), hence never asked there.
+    /// snapshot side's is the node it was found in (a snapshot does not change); a head
+    /// directory's is the node it was found in while its name there still leads to it.
+    /// Only otherwise (another client renamed it) is libcephfs asked for a head directory's
+    /// ".." (its one parent dentry), and the answer must lie below the export root
+    /// ([`Self::walk_up`]): a directory moved out of the export has no parent the guest may
+    /// see (EACCES). libcephfs's own ".." of the export root's `.snap` is the export's
+    /// parent (issue 13), hence never asked there.
     fn lookup_parent(&self, node: &Arc<Node>, ctx: &Context) -> io::Result<Entry> {
         let perm = self.perm(ctx);
         let link = node.link();
