@@ -681,6 +681,8 @@ struct Scanner {
     listings: HashMap<u64, Listing>,
     mount_error_logged: bool,
     discovery_error_logged: bool,
+    /// Discovered directories no domain was left for (denied, see `scan`).
+    overflow: std::collections::HashSet<String>,
 }
 
 impl Scanner {
@@ -728,8 +730,18 @@ impl Scanner {
             return;
         };
         for p in self.discover(&mount) {
-            if self.gate.domain_for_path(&p).is_none() {
-                tracing::error!(path = %p, "quarantine: more than {MAX_DOMAINS} quarantine-capable directories; this one is not tracked");
+            if self.gate.domain_for_path(&p).is_some() || self.overflow.contains(&p) {
+                continue;
+            }
+            // No domain left: its state cannot be followed, so it is denied (fail closed).
+            // A daemon's own export is registered first, so only directories discovered
+            // later, which a tenant's daemon cannot reach, can be left without one.
+            match resolve(&mount, &p, &self.perm).map(|i| i.vino()) {
+                Ok(Ok(v)) if self.gate.register_root(v.ino, UNSURE) => {
+                    tracing::error!(path = %p, "quarantine: more than {MAX_DOMAINS} quarantine-capable directories; this one is denied to this daemon's guest (fail closed) until the daemon is restarted");
+                    self.overflow.insert(p);
+                }
+                _ => {}
             }
         }
         let paths: Vec<String> = self
@@ -907,6 +919,7 @@ pub fn start(
         listings: HashMap::new(),
         mount_error_logged: false,
         discovery_error_logged: false,
+        overflow: std::collections::HashSet::new(),
     };
     s.scan();
     tracing::info!(

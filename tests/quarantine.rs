@@ -953,3 +953,25 @@ fn hostile_quarantine_rederivation_costs_no_mds_request() {
     }
     assert_eq!(last.0, last.1, "re-deriving domains asks the MDS");
 }
+
+/// More quarantine-capable directories than a daemon has domains for: one discovered after
+/// the table is full is denied (fail closed), not left untracked.
+#[test]
+fn hostile_quarantine_domain_table_full_fails_closed() {
+    let lab = Lab::get();
+    let tag = format!("hqo{}", std::process::id());
+    mkdirs(&lab, &format!("/{tag}"));
+    // Fill the table with configured paths (they need not exist).
+    let paths: Vec<String> = (0..quarantine::MAX_DOMAINS)
+        .map(|i| format!("/{tag}/p{i}"))
+        .collect();
+    let a = daemon(&lab, "/", Some(QuarantineConfig { paths, ..qcfg() }), None);
+    let sv = format!("/volumes/{tag}/sv");
+    mkdirs(&lab, &format!("{sv}/d"));
+    wait_for("the untracked subvolume is denied", || {
+        walk(&a.fs, &format!("{sv}/d")).is_err()
+    });
+    assert_eq!(errno(walk(&a.fs, &sv)), libc::EACCES);
+    // Elsewhere is untouched.
+    walk(&a.fs, &format!("/{tag}")).unwrap();
+}
