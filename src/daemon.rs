@@ -1,6 +1,7 @@
 //! Process lifecycle: listen on the vhost-user socket (or an inherited fd), hold a pid lock next
 //! to the socket, run the vhost-user daemon, end on frontend disconnect (or wait for a new
-//! frontend with `--keep-serving`), and stop on SIGTERM/SIGINT so `main` can unmount Ceph.
+//! frontend with `--keep-serving`, after ending the old one's FUSE session: the next frontend
+//! starts without its nodes and handles), and stop on SIGTERM/SIGINT so `main` can unmount Ceph.
 //!
 //! Control plane: a small tokio current-thread runtime in its own thread, for signals and the
 //! slow-request watchdog (`crate::metrics::watchdog`).
@@ -252,6 +253,9 @@ where
         for handler in daemon.get_epoll_handlers() {
             handler.send_exit_event();
         }
+        // The last reference to the connection's handler: dropping it joins its queue
+        // threads, so nothing pops a request of this frontend any more.
+        drop(daemon);
         match result {
             Ok(())
             | Err(DaemonLibError::HandleRequest(
@@ -263,6 +267,14 @@ where
         if !keep_serving {
             return Ok(());
         }
+        // The next frontend must not inherit this one's node ids and handles.
+        while !backend.end_session(DRAIN_LIMIT) {
+            warn!(
+                "Requests of the disconnected frontend are still running (a lock wait, or an MDS \
+                 that does not answer): the next frontend is accepted once they end"
+            );
+        }
+        info!("The disconnected frontend's FUSE session ended: its nodes and handles are dropped");
         info!("--keep-serving: waiting for the frontend to reconnect");
     }
 }
@@ -559,6 +571,45 @@ mod tests {
         let result = server.join().unwrap_or_else(|_| panic!("serve panicked"));
         assert!(result.is_ok(), "{result:?}");
         assert!(!socket.exists(), "socket file left behind");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// With --keep-serving, a frontend that hangs up ends its FUSE session (nodes and handles
+    /// dropped) before the next frontend is accepted.
+    #[test]
+    fn hostile_keep_serving_reconnect_ends_the_previous_session() {
+        use crate::vhost_user::tests::TestFs;
+        let dir = std::env::temp_dir().join(format!("cvfs-reconnect-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let socket = dir.join("vm.sock");
+        let listener = Listener::new(&socket, true).unwrap_or_else(|e| panic!("{e}"));
+        let fs = Arc::new(TestFs::default());
+        let options = BackendOptions {
+            tag: None,
+            request_queues: 1,
+            thread_pool_size: 1,
+            poll: std::time::Duration::ZERO,
+        };
+        let backend =
+            VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
+        // Serves frontends until the test process ends.
+        std::thread::spawn(move || connection_loop(listener, &backend, true));
+        // A frontend that has had an answer, and stays connected.
+        let connect = || {
+            use vhost::vhost_user::{Frontend, VhostUserFrontend};
+            use vhost::VhostBackend;
+            let mut frontend = Frontend::connect(&socket, 2).unwrap_or_else(|e| panic!("{e}"));
+            frontend.set_owner().unwrap_or_else(|e| panic!("{e}"));
+            frontend.get_features().unwrap_or_else(|e| panic!("{e}"));
+            let _ = frontend.get_protocol_features();
+            frontend
+        };
+        let first = connect();
+        assert_eq!(fs.destroyed.load(Ordering::SeqCst), 0);
+        drop(first);
+        // Accepted only after the first frontend's session ended.
+        let _second = connect();
+        assert_eq!(fs.destroyed.load(Ordering::SeqCst), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -52,6 +52,11 @@ fn fs_config(config: &Config) -> FsConfig {
             CacheMode::Always => fs::CacheMode::Always,
         },
         xattr: config.xattr,
+        second_session: Some(fs::side::Connector({
+            let access = CephAccess::from(&config.ceph);
+            let root = config.ceph.root.clone();
+            std::sync::Arc::new(move || access.mount(&root))
+        })),
         ..FsConfig::default()
     }
 }

@@ -1,12 +1,21 @@
 //! A thin pre-dispatch in front of fuse-backend-rs's FUSE [`Server`].
 //!
 //! fuse-backend-rs 0.14 answers COPY_FILE_RANGE and SYNCFS with ENOSYS, and hands SETLKW to
-//! the non-blocking `setlk`. We peek at the FUSE in-header, handle those three opcodes
-//! ourselves (the first two through [`ExtraOps`]), and hand every other request to
+//! the non-blocking `setlk`. The caller decodes the FUSE in-header once, decides where the
+//! request runs from that copy and hands it to us with the request; we handle those three opcodes ourselves
+//! (the first two through [`ExtraOps`]), and hand every other request to
 //! `Server::handle_message` unchanged.
+//!
+//! What fuse-backend-rs must never see, we answer here from the decoded header: an opcode the
+//! daemon does not serve gets ENOSYS (fuse-backend-rs turns any opcode below 50 into its
+//! `Opcode` enum with a `transmute` in a trace line, undefined behaviour for the gaps 0, 7 and
+//! 19; and it would hand IOCTL, POLL, BMAP and the DAX mapping requests on), and a declared
+//! length the chain does not hold gets EINVAL (fuse-backend-rs would size an uninitialised
+//! buffer by it and log the body of a malformed name at error level).
 //!
 //! Nothing here knows about virtqueues: the caller builds the [`Reader`]/[`Writer`].
 
+use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::mem::size_of;
 use std::sync::Arc;
@@ -29,6 +38,29 @@ pub const FUSE_SYNCFS: u32 = 50;
 /// FUSE_SETLKW: fuse-backend-rs 0.14 dispatches it to `FileSystem::setlk`, so a blocking lock
 /// request would fail with EAGAIN instead of waiting; we dispatch it to `setlkw` ourselves.
 pub const FUSE_SETLKW: u32 = 33;
+
+/// The opcodes the daemon serves; everything else is answered ENOSYS before fuse-backend-rs
+/// sees it. Linux `include/uapi/linux/fuse.h`: 7 (the old FUSE_BMAP slot) and 19 were never
+/// assigned; BMAP (37, block devices), IOCTL (39), POLL (40), NOTIFY_REPLY (41, we send no
+/// notifications) and SETUPMAPPING/REMOVEMAPPING (48, 49, DAX, not offered) are not served;
+/// TMPFILE (51), STATX (52) and later ones are unknown to fuse-backend-rs 0.14.
+pub fn is_served(opcode: u32) -> bool {
+    matches!(opcode, 1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS)
+}
+
+thread_local! {
+    /// Set on the virtqueue threads: what runs there must never wait for another request.
+    static QUEUE_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Mark the calling thread as a virtqueue thread (see [`FuseServer::handle_message`]).
+pub fn mark_queue_thread() {
+    QUEUE_THREAD.with(|q| q.set(true));
+}
+
+fn on_queue_thread() -> bool {
+    QUEUE_THREAD.with(Cell::get)
+}
 
 /// `struct fuse_syncfs_in`.
 #[repr(C)]
@@ -100,12 +132,19 @@ where
 
     /// Serve one request of virtqueue `queue`; return the number of bytes written to the guest.
     ///
+    /// `header` is the request's in-header as the caller decoded it from the bytes `reader`
+    /// starts with: the server acts on this copy and never reads the header
+    /// from guest memory again, so a guest rewriting its buffer meanwhile cannot make it serve
+    /// another request than the one the caller placed. A SETLKW reaching a thread marked by
+    /// [`mark_queue_thread`] is refused with ENOLCK instead of waiting there.
+    ///
     /// `reply_head(n)` reads back the first bytes (up to [`metrics::REPLY_HEAD_LEN`]) of the
     /// `n`-byte reply just written, for the metrics: the errno and WRITE's size are in there.
     /// Every request is counted in [`metrics::global`], logged in a debug-level span, and noted
     /// in this thread's in-flight slot for the slow-request watchdog while it is served.
     pub fn handle_message<S: BitmapSlice>(
         &self,
+        header: InHeader,
         reader: Reader<'_, S>,
         writer: Writer<'_, S>,
         queue: usize,
@@ -114,10 +153,12 @@ where
         let start = Instant::now();
         let mut peek = reader.clone();
         let available = peek.available_bytes();
-        let Ok(header) = peek.read_obj::<InHeader>() else {
+        // Step over the header: its bytes in guest memory are not looked at again.
+        let mut skipped = [0u8; size_of::<InHeader>()];
+        if peek.read_exact(&mut skipped).is_err() {
             metrics::global().record_malformed();
             return Err(ServerError::ShortHeader(available));
-        };
+        }
         let tracked = inflight::track(start, || request_info(&header, &peek, queue));
         let op = metrics::opcode_name(usize::try_from(header.opcode).unwrap_or(0));
         let span = tracing::debug_span!(
@@ -165,15 +206,52 @@ where
         writer: Writer<'_, S>,
     ) -> Result<usize, ServerError> {
         let header = *header;
+        if !is_served(header.opcode) {
+            return reply_error(
+                header.unique,
+                writer,
+                &io::Error::from_raw_os_error(libc::ENOSYS),
+            );
+        }
+        // The declared length must cover the header and the opcode's in-struct (else
+        // fuse-backend-rs fails to decode it and the guest gets no reply) and lie within the
+        // chain's readable bytes (fuse-backend-rs sizes name and xattr buffers by it).
+        let declared = usize::try_from(header.len).unwrap_or(usize::MAX);
+        let needed = size_of::<InHeader>() + in_struct_len(header.opcode);
+        if declared < needed || declared > reader.available_bytes() {
+            return reply_error(
+                header.unique,
+                writer,
+                &io::Error::from_raw_os_error(libc::EINVAL),
+            );
+        }
         match header.opcode {
             FUSE_COPY_FILE_RANGE => self.copy_file_range(&header, peek, writer),
             FUSE_SYNCFS => self.syncfs(&header, peek, writer),
+            FUSE_SETLKW if on_queue_thread() => {
+                // The dispatch sends SETLKW to a thread of its own; this is the fallback when
+                // none could be started. Waiting here would stall the queue that carries the
+                // unlock it waits for.
+                tracing::debug!(unique = header.unique, "SETLKW on a queue thread refused");
+                reply_error(
+                    header.unique,
+                    writer,
+                    &io::Error::from_raw_os_error(libc::ENOLCK),
+                )
+            }
             FUSE_SETLKW => self.setlkw(&header, peek, writer),
             _ => self
                 .server
                 .handle_message(reader, writer, None, None)
                 .map_err(ServerError::Fuse),
         }
+    }
+
+    /// End a FUSE session without a DESTROY (the frontend went away): drop every node and
+    /// handle the guest was given, so that the next frontend cannot use them. No request may
+    /// be running.
+    pub fn end_session(&self) {
+        self.fs.destroy();
     }
 
     fn context(&self, header: &InHeader) -> io::Result<Context> {
@@ -262,6 +340,44 @@ where
             Ok(()) => reply::<WriteOut, S>(header.unique, writer, None),
             Err(e) => reply_error(header.unique, writer, &e),
         }
+    }
+}
+
+/// Size of the fixed in-struct fuse-backend-rs 0.14 (or our own handler) reads first for
+/// `opcode`; 0 for requests that carry only names or nothing.
+fn in_struct_len(opcode: u32) -> usize {
+    use fuse_backend_rs::abi::fuse_abi::{
+        AccessIn, BatchForgetIn, CreateIn, FallocateIn, FlushIn, ForgetIn, FsyncIn, GetattrIn,
+        GetxattrIn, InitIn, LinkIn, LseekIn, MkdirIn, MknodIn, OpenIn, ReadIn, ReleaseIn,
+        Rename2In, RenameIn, SetattrIn, SetxattrIn, WriteIn,
+    };
+    match opcode {
+        2 => size_of::<ForgetIn>(),
+        3 => size_of::<GetattrIn>(),
+        4 => size_of::<SetattrIn>(),
+        8 => size_of::<MknodIn>(),
+        9 => size_of::<MkdirIn>(),
+        12 => size_of::<RenameIn>(),
+        13 => size_of::<LinkIn>(),
+        14 | 27 => size_of::<OpenIn>(),
+        15 | 28 | 44 => size_of::<ReadIn>(),
+        16 => size_of::<WriteIn>(),
+        18 | 29 => size_of::<ReleaseIn>(),
+        20 | 30 => size_of::<FsyncIn>(),
+        21 => size_of::<SetxattrIn>(),
+        22 | 23 => size_of::<GetxattrIn>(),
+        25 => size_of::<FlushIn>(),
+        26 => size_of::<InitIn>(),
+        31..=33 => size_of::<LkIn>(),
+        34 => size_of::<AccessIn>(),
+        35 => size_of::<CreateIn>(),
+        42 => size_of::<BatchForgetIn>(),
+        43 => size_of::<FallocateIn>(),
+        45 => size_of::<Rename2In>(),
+        46 => size_of::<LseekIn>(),
+        FUSE_COPY_FILE_RANGE => size_of::<CopyFileRangeIn>(),
+        FUSE_SYNCFS => size_of::<SyncfsIn>(),
+        _ => 0,
     }
 }
 

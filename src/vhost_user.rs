@@ -1,9 +1,12 @@
 //! vhost-user glue for virtio-fs: queues, features, config space, `handle_event`.
 //!
 //! Queue 0 is the hiprio queue (FORGET, INTERRUPT), queues 1..=N carry requests. Each queue has
-//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there.
-//! Those that wait for the OSDs or the MDS are handed to an elastic worker pool
-//! (`--thread-pool-size` = most workers; 0 = serve everything inline), except the last of a
+//! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there, and
+//! each one's FUSE in-header is read once: every decision about the request is made from that
+//! copy, and the server gets it too (fuse-backend-rs reads it from a private copy, `bounce`).
+//! Requests that wait for the OSDs or the MDS are handed to an elastic worker pool
+//! (`--thread-pool-size` = most workers; 0 = serve everything inline but lock waits, which
+//! never run on a queue thread), except the last of a
 //! batch; the queue thread serves that one, and the requests libcephfs has lately been
 //! answering from its caches (`cost`), itself. So a burst of waiting requests spreads over the
 //! workers, and a lone request or a cached one pays no hand-off. A worker builds the
@@ -19,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::abi::fuse_abi::Opcode;
+use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode};
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use tracing::{debug, error, warn};
@@ -29,8 +32,8 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueT};
 use vm_memory::{
-    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard,
-    GuestMemoryMmap,
+    Address, ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic,
+    GuestMemoryLoadGuard, GuestMemoryMmap,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -41,10 +44,12 @@ use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 use crate::metrics;
 use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
+mod bounce;
 mod cost;
 mod pool;
 use crate::server::{
-    ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS,
+    mark_queue_thread, ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW,
+    FUSE_SYNCFS,
 };
 use cost::ServeCost;
 use pool::{PoolLimits, WorkerPool};
@@ -59,6 +64,8 @@ type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
 pub const HIPRIO_QUEUE: usize = 0;
 /// Largest queue size we accept (what virtiofsd offers).
 pub const QUEUE_SIZE: usize = 1024;
+/// With `--thread-pool-size 0`, the most threads serving lock waits (SETLKW) at once.
+const WAITS_POOL_MAX: usize = 16;
 /// Size of `struct virtio_fs_config`: tag[36] + le32 num_request_queues.
 pub const VIRTIO_FS_CONFIG_LEN: usize = MAX_TAG_LEN + 4;
 
@@ -82,6 +89,8 @@ pub struct BackendOptions {
 pub enum ChainError {
     #[error("Cannot map the request's readable descriptors")]
     Reader(#[source] fuse_backend_rs::transport::Error),
+    #[error("Cannot copy the request's in-header")]
+    Bounce(#[source] bounce::BounceError),
     #[error("Cannot map the request's writable descriptors")]
     Writer(#[source] fuse_backend_rs::transport::Error),
     #[error("Cannot serve the request")]
@@ -148,6 +157,9 @@ struct Inner<F: FileSystem + Send + Sync> {
     closed: AtomicBool,
     in_flight: Arc<InFlight>,
     pool: Option<WorkerPool>,
+    /// Threads for requests that may wait for another request (SETLKW) when there is no
+    /// worker pool: those never run on a queue thread.
+    waits_pool: Option<WorkerPool>,
     /// What each opcode has been costing: where the next request of a batch runs.
     cost: Arc<ServeCost>,
     config_space: Option<[u8; VIRTIO_FS_CONFIG_LEN]>,
@@ -212,6 +224,9 @@ where
             0 => None,
             n => Some(WorkerPool::new(PoolLimits::for_max(n))),
         };
+        let waits_pool = pool
+            .is_none()
+            .then(|| WorkerPool::new(PoolLimits::for_max(WAITS_POOL_MAX)));
         Ok(VhostUserFsBackend {
             inner: Arc::new(Inner {
                 server: Arc::new(FuseServer::new(fs)),
@@ -220,6 +235,7 @@ where
                 closed: AtomicBool::new(false),
                 in_flight: Arc::new(InFlight::default()),
                 pool,
+                waits_pool,
                 cost: Arc::default(),
                 config_space: options.tag.as_deref().map(|t| config_space(t, q)),
                 request_queues: q,
@@ -250,6 +266,19 @@ where
         self.inner.event_idx.store(false, Ordering::Release);
     }
 
+    /// End the session of a frontend that went away, before the next one connects: wait, at
+    /// most `limit`, until the requests it left in flight are answered, then drop every node
+    /// and handle it was given (releasing their libcephfs references), so that the next
+    /// frontend cannot use them. The caller makes sure that no queue thread of the old
+    /// connection runs any more. False: requests are still running and nothing was dropped.
+    pub fn end_session(&self, limit: Duration) -> bool {
+        if !self.inner.in_flight.wait_idle(limit) {
+            return false;
+        }
+        self.inner.server.end_session();
+        true
+    }
+
     /// Stop dispatching new requests and wait, at most `limit`, until every request in flight
     /// has been answered. True: no FUSE call is running and none will start. False: some call
     /// is still blocked (a SETLKW waiting for another client's lock, a libcephfs call waiting
@@ -264,7 +293,7 @@ where
     /// With a worker pool, requests that move data or wait for the OSDs (READ, WRITE, FSYNC,
     /// …) always go to the pool: served here, one of them would keep the queue unread for a
     /// whole OSD round trip. SETLKW may wait for another request of the same queue to
-    /// unlock, so it gets a worker of its own. Of the others, those whose kind has been
+    /// unlock, so it gets a worker of its own, on every queue and also without a pool. Of the others, those whose kind has been
     /// answering from libcephfs's caches are served right here, in order (see `cost`): on a
     /// worker they would only add a hand-off before taking libcephfs's client lock. The rest
     /// go to the pool, except the last of the batch, served right here too: a lone request (a
@@ -276,38 +305,36 @@ where
             if self.inner.closed.load(Ordering::Acquire) {
                 break;
             }
-            let guard = mem.memory();
-            let chain = vring
-                .get_mut()
-                .get_queue_mut()
-                .pop_descriptor_chain(guard.clone());
-            let Some(chain) = chain else { break };
-            let pending = Pending {
-                in_flight: self.inner.in_flight.enter(),
-                depth: metrics::global().queue_enter(queue),
-                opcode: opcode(&guard, &chain),
-                guard,
-                chain,
+            let Some(pending) = self.pop(vring, mem, queue) else {
+                break;
             };
+            let dispatch = Dispatch::of(pending.opcode());
+            if dispatch == Dispatch::Waits {
+                // Whatever the queue and the pool size: a lock wait on this thread would stall
+                // the queue that carries the unlock.
+                if let Some(pool) = self.inner.pool.as_ref().or(self.inner.waits_pool.as_ref()) {
+                    self.submit(pool, vring, pending, queue, true);
+                    continue;
+                }
+            }
             match &self.inner.pool {
-                Some(pool) if queue != HIPRIO_QUEUE => {
-                    match Dispatch::of(pending.opcode) {
-                        Dispatch::Waits => self.submit(pool, vring, pending, queue, true),
-                        Dispatch::Blocks => self.submit(pool, vring, pending, queue, false),
-                        Dispatch::Quick if self.inner.cost.cheap(pending.opcode) => {
-                            // What waited for the batch's end goes first: it will take longer.
-                            if let Some(prev) = last.take() {
-                                self.submit(pool, vring, prev, queue, false);
-                            }
-                            self.serve(pending, vring, queue);
+                Some(pool) if queue != HIPRIO_QUEUE => match dispatch {
+                    Dispatch::Waits | Dispatch::Blocks => {
+                        self.submit(pool, vring, pending, queue, false)
+                    }
+                    Dispatch::Quick if self.inner.cost.cheap(pending.opcode()) => {
+                        // What waited for the batch's end goes first: it will take longer.
+                        if let Some(prev) = last.take() {
+                            self.submit(pool, vring, prev, queue, false);
                         }
-                        Dispatch::Quick => {
-                            if let Some(prev) = last.replace(pending) {
-                                self.submit(pool, vring, prev, queue, false);
-                            }
+                        self.serve(pending, vring, queue);
+                    }
+                    Dispatch::Quick => {
+                        if let Some(prev) = last.replace(pending) {
+                            self.submit(pool, vring, prev, queue, false);
                         }
                     }
-                }
+                },
                 // No choice to make, so nothing to time.
                 _ => pending.serve(&self.inner.server, vring, queue, None),
             }
@@ -315,6 +342,22 @@ where
         if let Some(p) = last {
             self.serve(p, vring, queue);
         }
+    }
+
+    /// Pop the next available chain and read its in-header.
+    fn pop(&self, vring: &Vring, mem: &GuestMem, queue: usize) -> Option<Pending> {
+        let guard = mem.memory();
+        let chain = vring
+            .get_mut()
+            .get_queue_mut()
+            .pop_descriptor_chain(guard.clone())?;
+        Some(Pending {
+            in_flight: self.inner.in_flight.enter(),
+            depth: metrics::global().queue_enter(queue),
+            header: read_header(&guard, &chain),
+            guard,
+            chain,
+        })
     }
 
     /// Serve a `Dispatch::Quick` request here, timing it for `cost`.
@@ -325,7 +368,7 @@ where
     fn submit(&self, pool: &WorkerPool, vring: &Vring, p: Pending, queue: usize, waits: bool) {
         let server = self.inner.server.clone();
         // Only Quick kinds consult their cost; the others go to a worker whatever it is.
-        let cost = (Dispatch::of(p.opcode) == Dispatch::Quick).then(|| self.inner.cost.clone());
+        let cost = (Dispatch::of(p.opcode()) == Dispatch::Quick).then(|| self.inner.cost.clone());
         let vring = vring.clone();
         pool.submit(
             Box::new(move || p.serve(&server, &vring, queue, cost.as_deref())),
@@ -458,35 +501,52 @@ impl Dispatch {
 struct Pending {
     in_flight: InFlightGuard,
     depth: metrics::QueueDepthGuard,
-    opcode: Option<u32>,
+    /// The in-header, read once when the chain was popped: where the request runs and what
+    /// the server does with it are both decided from this copy. `None`: malformed.
+    header: Option<InHeader>,
     guard: MemGuard,
     chain: DescriptorChain<MemGuard>,
 }
 
 impl Pending {
+    fn opcode(&self) -> Option<u32> {
+        self.header.map(|h| h.opcode)
+    }
+
     /// Serve the request and give it back; with `cost`, account how long that took.
     fn serve<F>(self, server: &FuseServer<F>, vring: &Vring, queue: usize, cost: Option<&ServeCost>)
     where
         F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
     {
+        bounce::warm();
         let start = cost.map(|_| Instant::now());
-        complete_chain(server, vring, &self.guard, self.chain, queue);
+        let opcode = self.opcode();
+        complete_chain(server, vring, &self.guard, self.chain, self.header, queue);
         if let (Some(cost), Some(start)) = (cost, start) {
-            cost.record(self.opcode, start.elapsed());
+            cost.record(opcode, start.elapsed());
         }
         drop(self.depth);
         drop(self.in_flight);
     }
 }
 
-/// The opcode of a request, read from its in-header without consuming the chain; `None` when
-/// the first descriptor does not hold it (the server will judge such a request).
-fn opcode(mem: &MemGuard, chain: &DescriptorChain<MemGuard>) -> Option<u32> {
-    let first = chain.clone().next()?;
-    if first.is_write_only() || first.len() < 8 {
-        return None;
+/// The request's in-header, read from the chain's readable descriptors (it may span several);
+/// `None` when they do not hold one (the server will judge such a request).
+fn read_header(mem: &MemGuard, chain: &DescriptorChain<MemGuard>) -> Option<InHeader> {
+    let mut header = InHeader::default();
+    let buf = header.as_mut_slice();
+    let mut filled = 0;
+    for desc in chain.clone().readable() {
+        if filled >= buf.len() {
+            break;
+        }
+        let len = usize::try_from(desc.len()).unwrap_or(usize::MAX);
+        let take = len.min(buf.len() - filled);
+        let dst = buf.get_mut(filled..filled + take)?;
+        mem.read_slice(dst, desc.addr()).ok()?;
+        filled += take;
     }
-    mem.read_obj::<u32>(first.addr().checked_add(4)?).ok()
+    (filled == buf.len()).then_some(header)
 }
 
 fn queue_error(e: virtio_queue::Error) -> io::Error {
@@ -499,12 +559,13 @@ fn complete_chain<F>(
     vring: &Vring,
     mem: &MemGuard,
     chain: DescriptorChain<MemGuard>,
+    header: Option<InHeader>,
     queue: usize,
 ) where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
     let head = chain.head_index();
-    let used = match serve_chain(server, mem, chain, queue) {
+    let used = match serve_chain(server, mem, chain, header, queue) {
         Ok(n) => u32::try_from(n).unwrap_or_else(|_| {
             warn!(
                 queue,
@@ -513,6 +574,10 @@ fn complete_chain<F>(
             0
         }),
         Err(e) => {
+            // The server counts what it rejects; count what never reached it.
+            if !matches!(e, ChainError::Server(_)) {
+                metrics::global().record_malformed();
+            }
             warn!(queue, head, error = %error_chain(&e), "Malformed request; returning it unanswered");
             0
         }
@@ -531,22 +596,34 @@ fn complete_chain<F>(
     }
 }
 
-/// Map the chain (popped from virtqueue `queue`) into a FUSE reader/writer and run the server.
+/// Map the chain (popped from virtqueue `queue`, with the in-header read when it was popped)
+/// into a FUSE reader/writer and run the server.
 pub fn serve_chain<F>(
     server: &FuseServer<F>,
     mem: &MemGuard,
     chain: DescriptorChain<MemGuard>,
+    header: Option<InHeader>,
     queue: usize,
 ) -> Result<usize, ChainError>
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
-    let reader =
-        Reader::from_descriptor_chain(&**mem, chain.clone()).map_err(ChainError::Reader)?;
+    let Some(header) = header else {
+        metrics::global().record_malformed();
+        let available =
+            Reader::from_descriptor_chain(&**mem, chain).map_or(0, |r| r.available_bytes());
+        return Err(ChainError::Server(ServerError::ShortHeader(available)));
+    };
+    // fuse-backend-rs reads the in-header from a private copy of what the queue thread
+    // decoded, never again from guest memory (see `bounce`).
+    let composite = bounce::compose(mem).map_err(ChainError::Bounce)?;
+    let private = bounce::request_chain(&composite, mem, chain.clone(), &header)
+        .map_err(ChainError::Bounce)?;
+    let reader = Reader::from_descriptor_chain(&*composite, private).map_err(ChainError::Reader)?;
     let probe = chain.clone();
     let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
     server
-        .handle_message(reader, Writer::from(writer), queue, |written| {
+        .handle_message(header, reader, Writer::from(writer), queue, |written| {
             read_reply_head(mem, probe, written)
         })
         .map_err(ChainError::Server)
@@ -687,6 +764,7 @@ where
             warn!(device_event, "Event for an unknown queue; ignoring");
             return Ok(());
         };
+        mark_queue_thread();
         debug!(queue = thread_id, "Queue kicked");
         // An error here means the guest's ring addresses are unusable. Returning it would end
         // this queue's thread for good; log it and retry on the next kick instead.

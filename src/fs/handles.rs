@@ -1,6 +1,8 @@
 //! The handle table: FUSE file handles → open CephFS files and directory streams.
 //!
-//! Handles are ours (a counter, never a pointer). Every handle the guest sends is looked up and
+//! Handles are ours (a counter, never a pointer), counted from a random base drawn anew for
+//! every session (a new table, or [`HandleTable::clear`]): a guest cannot tell the handle
+//! numbers of an earlier session, nor use one, since the table was emptied in between. Every handle the guest sends is looked up and
 //! checked against the node id it came with: an unknown handle, or one that belongs to another
 //! node, is EBADF — never a dereference. Sharded like the node table, so that opens and releases
 //! on different handles do not serialise on one lock.
@@ -30,10 +32,28 @@ impl<H> Default for HandleTable<H> {
         shards.resize_with(SHARDS as usize, || RwLock::new(HashMap::new()));
         HandleTable {
             shards,
-            // 0 is never handed out: some guests treat it as "no handle".
-            next: AtomicU64::new(1),
+            next: AtomicU64::new(session_base()),
         }
     }
+}
+
+/// Where a session's handle numbers start: random, in [1, 2^62) so that the counter never
+/// wraps to 0 (never handed out: some guests treat it as "no handle").
+fn session_base() -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer, which is valid
+    // and writable for that length during the call.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    let random = if usize::try_from(n).is_ok_and(|n| n == bytes.len()) {
+        u64::from_ne_bytes(bytes)
+    } else {
+        // No entropy (a seccomp filter without getrandom): still not the last session's base.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id())
+    };
+    (random & ((1 << 62) - 1)).max(1)
 }
 
 impl<H> HandleTable<H> {
@@ -85,8 +105,10 @@ impl<H> HandleTable<H> {
         self.len() == 0
     }
 
-    /// Drop every handle (DESTROY).
+    /// Drop every handle (DESTROY, or the end of a frontend's session), and draw a new base
+    /// for the next session's handle numbers.
     pub fn clear(&self) {
+        self.next.store(session_base(), Ordering::Relaxed);
         let mut dropped = Vec::new();
         for s in &self.shards {
             dropped.extend(
@@ -116,6 +138,26 @@ mod tests {
         assert!(t.remove(7, fh).is_ok());
         assert_eq!(t.remove(7, fh).unwrap_err(), libc::EBADF);
         assert!(t.is_empty());
+    }
+
+    /// Handle numbers of a new session (a new table, or one cleared at the end of the last
+    /// session) are not where the previous session's left off, nor a fixed start.
+    #[test]
+    fn hostile_handle_numbers_are_not_predictable_across_sessions() {
+        let t = HandleTable::default();
+        let first = t.insert(1, ());
+        let last = t.insert(1, ());
+        t.clear();
+        let next_session = t.insert(1, ());
+        assert_ne!(next_session, last + 1);
+        assert_ne!(next_session, first);
+        assert_eq!(t.get(1, last).unwrap_err(), libc::EBADF);
+        let other = HandleTable::default().insert(1, ());
+        assert_ne!(other, first);
+        assert_ne!(other, 1);
+        for fh in [first, last, next_session, other] {
+            assert!(fh != 0 && fh < 1 << 62, "{fh}");
+        }
     }
 
     #[test]

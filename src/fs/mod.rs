@@ -18,6 +18,7 @@ pub mod names;
 pub mod nodes;
 pub mod perms;
 pub mod policy;
+pub mod side;
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -108,6 +109,18 @@ pub struct DirStream {
     pending: Option<Box<ceph_client::DirEntryPlus>>,
 }
 
+/// What a rename would replace.
+enum RenameTarget {
+    /// Nothing: the new name is free.
+    None,
+    /// Another link of the file being renamed (POSIX: the rename does nothing).
+    Same,
+    /// A non-directory that keeps other names after the rename (see [`side`]).
+    LinkedFile,
+    /// Anything else.
+    Other,
+}
+
 /// One READDIR or READDIRPLUS request.
 struct DirRead {
     inode: u64,
@@ -141,6 +154,9 @@ pub struct FsConfig {
     pub allow_ceph_xattr_set: bool,
     /// Quarantine gate (None = quarantine support off). See [`crate::quarantine`].
     pub quarantine: Option<Arc<crate::quarantine::Gate>>,
+    /// How to open another session, for renames over hard links ([`side`]); without it they
+    /// go through the main session, and libcephfs may then hide the file's other names.
+    pub second_session: Option<side::Connector>,
 }
 
 impl Default for FsConfig {
@@ -153,6 +169,7 @@ impl Default for FsConfig {
             xattr: true,
             allow_ceph_xattr_set: false,
             quarantine: None,
+            second_session: None,
         }
     }
 }
@@ -170,6 +187,8 @@ pub struct CephFs {
     killpriv: AtomicBool,
     /// Inodes whose data libcephfs's object cache may hold.
     cached: cached::CachedInodes,
+    /// Short second sessions, for renames over hard links.
+    side: side::SideClient,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -359,6 +378,7 @@ impl CephFs {
             inode: root,
         });
         Ok(CephFs {
+            side: side::SideClient::new(cfg.second_session.clone()),
             mount,
             nodes,
             handles: HandleTable::default(),
@@ -780,25 +800,31 @@ impl CephFs {
             && (mask & CEPH_SETATTR_UID == 0 || st.stx_uid == cur.stx_uid))
     }
 
-    /// Whether `oldname` in `old` and `newname` in `new` are links of one file. Both names
-    /// were just looked up by the guest, so libcephfs answers from its cache.
-    fn same_file(
+    /// What a rename of `oldname` in `old` to `newname` in `new` would replace. Both names
+    /// were just looked up by the guest, so libcephfs answers from its cache (the link count
+    /// from the MDS if it lacks the caps that keep it current).
+    fn rename_target(
         &self,
         old: &Node,
         oldname: &CStr,
         new: &Node,
         newname: &CStr,
         perm: &ceph_client::UserPerm,
-    ) -> io::Result<bool> {
+    ) -> io::Result<RenameTarget> {
         let (_, from) = self
             .mount
             .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm)?;
-        match self
-            .mount
-            .lookup(&new.inode, newname, CEPH_STATX_INO, 0, perm)
-        {
-            Ok((_, to)) => Ok(vino_of(&from) == vino_of(&to)),
-            Err(e) if e.errno() == libc::ENOENT => Ok(false),
+        let want = CEPH_STATX_INO | CEPH_STATX_NLINK | CEPH_STATX_MODE;
+        match self.mount.lookup(&new.inode, newname, want, 0, perm) {
+            Ok(_) if old.vino.snapid != nodes::NOSNAP || new.vino.snapid != nodes::NOSNAP => {
+                Ok(RenameTarget::Other)
+            }
+            Ok((_, to)) if vino_of(&from) == vino_of(&to) => Ok(RenameTarget::Same),
+            Ok((_, to)) if kind_of(&to) != libc::S_IFDIR && to.stx_nlink > 1 => {
+                Ok(RenameTarget::LinkedFile)
+            }
+            Ok(_) => Ok(RenameTarget::Other),
+            Err(e) if e.errno() == libc::ENOENT => Ok(RenameTarget::None),
             Err(e) => Err(e.into()),
         }
     }
@@ -1470,11 +1496,21 @@ impl FileSystem for CephFs {
             // it before asking the filesystem, but a guest whose dentries are stale (another
             // client linked the names) sends it, and libcephfs then removed the source name
             // and lost track of the file's other names.
-            0 => {
-                if self.same_file(&old, oldname, &new, newname, &perm)? {
-                    return Ok(());
+            0 => match self.rename_target(&old, oldname, &new, newname, &perm)? {
+                RenameTarget::Same => return Ok(()),
+                // See `side`: through the main session, libcephfs would hide the other names.
+                RenameTarget::LinkedFile => {
+                    if let Some(r) =
+                        self.side
+                            .rename(old.vino.ino, oldname, new.vino.ino, newname, &perm)
+                    {
+                        r?;
+                        self.after_rename(&old, &new);
+                        return Ok(());
+                    }
                 }
-            }
+                RenameTarget::None | RenameTarget::Other => {}
+            },
             // libcephfs has no atomic "rename unless the target exists": check, then rename.
             // Another client creating the target between the two steps is not caught; within
             // one guest the kernel's directory locks serialise the two.

@@ -41,6 +41,12 @@ pub(crate) struct TestFs {
     served: Mutex<Vec<(u32, bool)>>,
     /// A lock held by "another client": SETLKW on handle [`HELD_FH`] waits while it is true.
     held: (Mutex<bool>, std::sync::Condvar),
+    /// Calls of operations the daemon does not serve (BMAP, POLL): none may arrive.
+    unserved: Mutex<Vec<&'static str>>,
+    /// Handles given by OPEN; FLUSH checks them; DESTROY empties the table.
+    handles: crate::fs::handles::HandleTable<()>,
+    /// How often the session was ended (DESTROY, or the end of a frontend's connection).
+    pub(crate) destroyed: AtomicUsize,
 }
 
 /// The handle whose SETLKW waits for [`TestFs::release_lock`].
@@ -137,6 +143,64 @@ impl FileSystem for TestFs {
         }
         assert_eq!((handle, owner, lock.start, lock.end), (7, 9, 0, u64::MAX));
         Ok(())
+    }
+
+    fn destroy(&self) {
+        self.handles.clear();
+        self.destroyed.fetch_add(1, AtomicOrdering::SeqCst);
+    }
+
+    fn open(
+        &self,
+        _ctx: &Context,
+        inode: u64,
+        _flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<(
+        Option<u64>,
+        fuse_backend_rs::api::filesystem::OpenOptions,
+        Option<u32>,
+    )> {
+        let fh = self.handles.insert(inode, ());
+        Ok((
+            Some(fh),
+            fuse_backend_rs::api::filesystem::OpenOptions::empty(),
+            None,
+        ))
+    }
+
+    fn flush(&self, _ctx: &Context, inode: u64, handle: u64, _owner: u64) -> io::Result<()> {
+        self.handles
+            .get(inode, handle)
+            .map(|_| ())
+            .map_err(io::Error::from_raw_os_error)
+    }
+
+    fn bmap(&self, _ctx: &Context, _inode: u64, _block: u64, _blocksize: u32) -> io::Result<u64> {
+        self.note_unserved("bmap");
+        Ok(0)
+    }
+
+    fn poll(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        _handle: u64,
+        _khandle: u64,
+        _flags: u32,
+        _events: u32,
+    ) -> io::Result<u32> {
+        self.note_unserved("poll");
+        Ok(0)
+    }
+}
+
+impl TestFs {
+    fn note_unserved(&self, op: &'static str) {
+        self.unserved
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(op);
     }
 }
 
@@ -238,6 +302,39 @@ impl<'a> Driver<'a> {
             .add_desc_chains(&raw, first)
             .unwrap_or_else(|e| panic!("{e}"));
         self.next_desc += u16::try_from(descs.len()).unwrap_or(0);
+    }
+
+    /// Publish a chain of one indirect descriptor whose table holds `descs`.
+    fn submit_indirect(&mut self, descs: &[(u64, u32, bool)]) {
+        let table_len = u32::try_from(descs.len() * 16).unwrap_or(0);
+        let table = self.alloc(table_len);
+        for (i, &(addr, len, writable)) in descs.iter().enumerate() {
+            let last = i + 1 == descs.len();
+            let mut flags = if writable { VRING_DESC_F_WRITE } else { 0 };
+            if !last {
+                flags |= VRING_DESC_F_NEXT;
+            }
+            let next = if last {
+                0
+            } else {
+                u16::try_from(i + 1).unwrap_or(0)
+            };
+            let desc = SplitDescriptor::new(addr, len, u16::try_from(flags).unwrap_or(0), next);
+            self.gm
+                .write_obj(desc, GuestAddress(table + 16 * i as u64))
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let head = RawDescriptor::from(SplitDescriptor::new(
+            table,
+            table_len,
+            u16::try_from(virtio_bindings::virtio_ring::VRING_DESC_F_INDIRECT).unwrap_or(0),
+            0,
+        ));
+        let first = self.next_desc;
+        self.mq
+            .add_desc_chains(&[head], first)
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.next_desc += 1;
     }
 
     /// Publish a request (one readable buffer) with a reply buffer; return the reply address.
@@ -547,6 +644,8 @@ fn setlkw_waits_instead_of_failing_like_setlk() {
     let blocking = driver.submit(&request(FUSE_SETLKW, 6, ROOT_ID, lk), 64);
     let at_once = driver.submit(&request(FUSE_SETLK, 7, ROOT_ID, lk), 64);
     kick(&backend, &vring, 1);
+    // SETLKW is served off the queue thread, also without a worker pool.
+    wait_used(&driver, 2);
     let out: OutHeader = driver.read(blocking);
     assert_eq!((out.error, out.unique), (0, 6), "SETLKW reached setlkw");
     let out: OutHeader = driver.read(at_once);
@@ -1029,4 +1128,351 @@ fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
     let mut expected = vec![(FUSE_LOOKUP, true); 4];
     expected.extend([(FUSE_GETATTR, false); 4]);
     assert_eq!(served, expected);
+}
+
+/// A request with the given header fields and body, its declared length as given.
+fn raw_request(opcode: u32, unique: u64, len: u32, body: &[u8]) -> Vec<u8> {
+    let header = InHeader {
+        len,
+        opcode,
+        unique,
+        nodeid: ROOT_ID,
+        uid: 1000,
+        gid: 1000,
+        pid: 42,
+        padding: 0,
+    };
+    let mut bytes = header.as_slice().to_vec();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// Opcodes the daemon does not serve, or that do not exist, are answered ENOSYS by us: they
+/// never reach fuse-backend-rs (whose trace line transmutes 0, 7 and 19 into its enum) nor the
+/// filesystem, and serving goes on.
+#[test]
+fn hostile_unserved_opcodes_get_enosys_and_never_reach_the_filesystem() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.submit(&init_request(1), 256);
+    kick(&backend, &vring, 1);
+    let opcodes = [0, 7, 19, 37, 39, 40, 41, 48, 49, 51, 52, 4096, u32::MAX];
+    let body = [0u8; 64];
+    let mut replies = Vec::new();
+    for (i, &op) in opcodes.iter().enumerate() {
+        let unique = 100 + i as u64;
+        let reply = driver.submit(&request_bytes(op, unique, ROOT_ID, &body), 256);
+        replies.push((op, unique, reply));
+    }
+    let getattr = driver.submit(
+        &request(FUSE_GETATTR, 999, ROOT_ID, GetattrIn::default()),
+        256,
+    );
+    kick(&backend, &vring, 1);
+    for (op, unique, reply) in replies {
+        let out: OutHeader = driver.read(reply);
+        assert_eq!(
+            (out.error, out.unique, out.len),
+            (-libc::ENOSYS, unique, size_of::<OutHeader>() as u32),
+            "opcode {op}"
+        );
+    }
+    let out: OutHeader = driver.read(getattr);
+    assert_eq!((out.error, out.unique), (0, 999));
+    assert_eq!(
+        *fs.unserved.lock().unwrap_or_else(PoisonError::into_inner),
+        Vec::<&str>::new()
+    );
+}
+
+/// A declared length shorter than the header and the opcode's in-struct, or longer than the
+/// chain's readable bytes, is answered EINVAL before fuse-backend-rs decodes the request (it
+/// would size a buffer by it, or fail and leave the guest without a reply).
+#[test]
+fn hostile_declared_length_the_chain_does_not_hold_gets_einval() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let too_long = driver.submit(&raw_request(FUSE_LOOKUP, 5, 40 + 100_000, b"x\0"), 64);
+    let too_short = driver.submit(&raw_request(FUSE_LOOKUP, 6, 8, b"x\0"), 64);
+    let huge = driver.submit(&raw_request(FUSE_LOOKUP, 7, u32::MAX, b"x\0"), 64);
+    // Consistent lengths, but shorter than GETATTR's in-struct.
+    let short_struct = driver.submit(&raw_request(FUSE_GETATTR, 8, 40 + 4, &[0; 4]), 64);
+    kick(&backend, &vring, 1);
+    for (reply, unique) in [(too_long, 5), (too_short, 6), (huge, 7), (short_struct, 8)] {
+        let out: OutHeader = driver.read(reply);
+        assert_eq!((out.error, out.unique), (-libc::EINVAL, unique));
+    }
+    assert!(fs.take_served().is_empty(), "LOOKUP reached the filesystem");
+}
+
+/// The guest rewrites a request's header after the queue thread popped it (a GETATTR, so the
+/// queue thread serves it) into a SETLKW on a held lock: the request is served as the GETATTR
+/// that was popped, by our server and by fuse-backend-rs alike, and never waits for the lock.
+#[test]
+fn hostile_header_rewritten_after_the_pop_cannot_start_a_lock_wait() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(2, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    fs.hold_lock();
+    let mut bytes = held_lock_request(21);
+    bytes
+        .get_mut(4..8)
+        .unwrap_or_else(|| panic!("short request"))
+        .copy_from_slice(&FUSE_GETATTR.to_ne_bytes());
+    let req = driver.next_data;
+    let reply = driver.submit(&bytes, 256);
+    let pending = backend
+        .pop(&vring, &mem, 1)
+        .unwrap_or_else(|| panic!("nothing popped"));
+    assert_eq!(pending.opcode(), Some(FUSE_GETATTR));
+    assert_eq!(Dispatch::of(pending.opcode()), Dispatch::Quick);
+    gm.write_obj(FUSE_SETLKW, GuestAddress(req + 4))
+        .unwrap_or_else(|e| panic!("{e}"));
+    std::thread::scope(|s| {
+        // A plain thread, as a worker: only the server's own decision keeps it from waiting.
+        let t = s.spawn(|| pending.serve(&backend.inner.server, &vring, 1, None));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let finished = t.is_finished();
+        fs.release_lock();
+        assert!(finished, "the rewritten request waited for the lock");
+    });
+    // TestFs knows only the root: GETATTR of node 42 is ENOENT (SETLK would be EAGAIN).
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique), (-libc::ENOENT, 21));
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
+}
+
+fn held_lock_request(unique: u64) -> Vec<u8> {
+    let lk = LkIn {
+        fh: HELD_FH,
+        owner: 9,
+        lk: AbiFileLock {
+            start: 0,
+            end: u64::MAX,
+            type_: libc::F_WRLCK as u32,
+            pid: 1,
+        },
+        lk_flags: 0,
+        padding: 0,
+    };
+    request(FUSE_SETLKW, unique, 42, lk)
+}
+
+/// A SETLKW that waits for a lock never holds up its queue: with or without a worker pool,
+/// and on the hiprio queue too, the request after it is served while it waits.
+#[test]
+fn hostile_setlkw_never_waits_on_a_queue_thread() {
+    for (threads, queue) in [(0, 1), (2, 1), (2, HIPRIO_QUEUE)] {
+        let (gm, mem) = memory();
+        let mut driver = Driver::new(&gm);
+        let vring = driver.vring(&mem);
+        let (backend, fs) = backend(threads, None);
+        backend
+            .update_memory(mem.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        fs.hold_lock();
+        let waiting = driver.submit(&held_lock_request(31), 64);
+        let getattr = driver.submit(
+            &request(FUSE_GETATTR, 32, ROOT_ID, GetattrIn::default()),
+            256,
+        );
+        std::thread::scope(|s| {
+            let queue_thread = s.spawn(|| kick(&backend, &vring, queue));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let served = loop {
+                let out: OutHeader = driver.read(getattr);
+                if out.unique == 32 && queue_thread.is_finished() {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            // Let a queue thread stuck in the wait go, so that the test ends either way.
+            fs.release_lock();
+            assert!(
+                served,
+                "threads={threads} queue={queue}: the queue thread waited for the lock"
+            );
+        });
+        wait_used(&driver, 2);
+        let out: OutHeader = driver.read(waiting);
+        assert_eq!((out.error, out.unique), (0, 31), "threads={threads}");
+        assert!(backend.close_and_drain(Duration::from_secs(5)));
+    }
+}
+
+/// Should a SETLKW still end up on a queue thread (no thread could be started for it), it is
+/// refused with ENOLCK rather than waited for there.
+#[test]
+fn hostile_setlkw_reaching_a_queue_thread_is_refused() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    fs.hold_lock();
+    let reply = driver.submit(&held_lock_request(41), 64);
+    let pending = backend
+        .pop(&vring, &mem, 1)
+        .unwrap_or_else(|| panic!("nothing popped"));
+    std::thread::scope(|s| {
+        let t = s.spawn(|| {
+            mark_queue_thread();
+            pending.serve(&backend.inner.server, &vring, 1, None);
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !t.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let finished = t.is_finished();
+        fs.release_lock();
+        assert!(finished, "the SETLKW waited on the queue thread");
+    });
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique), (-libc::ENOLCK, 41));
+}
+
+/// Malformed chains are returned to the guest with nothing written, and serving goes on: more
+/// readable descriptors than any request needs (an indirect table of 1100), and a descriptor
+/// naming the daemon's private request region instead of guest memory.
+#[test]
+fn hostile_overlong_and_out_of_memory_chains_are_returned_unanswered() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    // A valid GETATTR, its body spread over 1100 one-byte descriptors.
+    let bytes = request(FUSE_GETATTR, 51, ROOT_ID, GetattrIn::default());
+    let req = driver.alloc(4096);
+    gm.write_slice(&bytes, GuestAddress(req))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply = driver.alloc(256);
+    let mut descs = vec![(req, 40, false)];
+    descs.extend((0..1100).map(|i| (req + 40 + (i % 16), 1, false)));
+    descs.push((reply, 256, true));
+    driver.submit_indirect(&descs);
+    // The body in the private region (its address is 1 << 62).
+    let req2 = driver.alloc(64);
+    gm.write_slice(&bytes, GuestAddress(req2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply2 = driver.alloc(256);
+    driver.submit_descs(&[(req2, 40, false), (1 << 62, 16, false), (reply2, 256, true)]);
+    let ok = driver.submit(
+        &request(FUSE_GETATTR, 53, ROOT_ID, GetattrIn::default()),
+        256,
+    );
+    kick(&backend, &vring, 1);
+    assert_eq!(driver.used_idx(), 3);
+    assert_eq!(driver.used(0).1, 0, "the overlong chain was answered");
+    assert_eq!(
+        driver.used(1).1,
+        0,
+        "the chain into the private region was answered"
+    );
+    let out: OutHeader = driver.read(ok);
+    assert_eq!((out.error, out.unique), (0, 53));
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
+}
+
+/// A request in an indirect table, its header split over two descriptors, is served.
+#[test]
+fn indirect_chain_with_a_split_header_is_served() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = request(FUSE_GETATTR, 61, ROOT_ID, GetattrIn::default());
+    let req = driver.alloc(64);
+    gm.write_slice(&bytes, GuestAddress(req))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply = driver.alloc(256);
+    driver.submit_indirect(&[
+        (req, 12, false),
+        (req + 12, 30, false),
+        (req + 42, 14, false),
+        (reply, 16, true),
+        (reply + 16, 240, true),
+    ]);
+    kick(&backend, &vring, 1);
+    let out: OutHeader = driver.read(reply);
+    let expected = u32::try_from(size_of::<OutHeader>() + size_of::<AttrOut>()).unwrap_or(0);
+    assert_eq!((out.error, out.unique, out.len), (0, 61, expected));
+    assert_eq!(driver.used(0).1, expected);
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
+}
+
+/// A frontend reconnects (`--keep-serving`): the handles the previous one was given are gone
+/// before the new one can send a request.
+#[test]
+fn hostile_reconnect_drops_the_previous_sessions_handles() {
+    use fuse_backend_rs::abi::fuse_abi::{FlushIn, OpenIn, OpenOut};
+    let (backend, fs) = backend(2, None);
+    let flush = |fh| FlushIn {
+        fh,
+        unused: 0,
+        padding: 0,
+        lock_owner: 0,
+    };
+    let fh = {
+        let (gm, mem) = memory();
+        let mut driver = Driver::new(&gm);
+        let vring = driver.vring(&mem);
+        backend
+            .update_memory(mem.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        driver.submit(&init_request(1), 256);
+        let open = driver.submit(&request(14, 2, ROOT_ID, OpenIn::default()), 256);
+        kick(&backend, &vring, 1);
+        wait_used(&driver, 2);
+        let out: OpenOut = driver.read(open + size_of::<OutHeader>() as u64);
+        let flushed = driver.submit(&request(25, 3, ROOT_ID, flush(out.fh)), 64);
+        kick(&backend, &vring, 1);
+        wait_used(&driver, 3);
+        let reply: OutHeader = driver.read(flushed);
+        assert_eq!((reply.error, reply.unique), (0, 3), "the handle works");
+        out.fh
+    };
+    // The frontend went away without a DESTROY; its queue threads have ended.
+    backend.reset_connection();
+    assert!(backend.end_session(Duration::from_secs(5)));
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.submit(&init_request(1), 256);
+    let flushed = driver.submit(&request(25, 2, ROOT_ID, flush(fh)), 64);
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 2);
+    let reply: OutHeader = driver.read(flushed);
+    assert_eq!((reply.error, reply.unique), (-libc::EBADF, 2));
+    assert_eq!(fs.destroyed.load(AtomicOrdering::SeqCst), 1);
 }
