@@ -603,9 +603,9 @@ impl Config {
             .ceph_root
             .or(file.ceph.root)
             .unwrap_or_else(|| "/".to_owned());
-        if !root.starts_with('/') || root.split('/').any(|c| c == "..") {
-            return Err(ConfigError::BadCephRoot(root));
-        }
+        // Canonical ("/a/b"): libcephfs refuses "//" and "/./" in a mount path, and the
+        // quarantine decides the export's domain on the path's components.
+        let root = crate::quarantine::normalize(&root).ok_or(ConfigError::BadCephRoot(root))?;
 
         // File options first (sorted by key), then command-line options replacing same keys.
         let mut options: Vec<(String, String)> = file.ceph.options.into_iter().collect();
@@ -707,6 +707,14 @@ mod tests {
     }
 
     #[test]
+    fn hostile_ceph_root_is_canonical() {
+        // A guest cannot send this, but a provider's tooling can: "/volumes//_nogroup/sv1/"
+        // must mount and be quarantined as /volumes/_nogroup/sv1.
+        let c = parse(&["--fd", "3", "--ceph-root", "/volumes//_nogroup/./sv1/"]).unwrap();
+        assert_eq!(c.ceph.root, "/volumes/_nogroup/sv1");
+    }
+
+    #[test]
     fn defaults() {
         let c = parse(&["--socket-path", "/tmp/s"]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.listen, Listen::SocketPath("/tmp/s".into()));
@@ -785,6 +793,10 @@ mod tests {
         ));
         assert!(matches!(
             parse(&["--fd", "3", "--ceph-root", "volumes"]),
+            Err(ConfigError::BadCephRoot(_))
+        ));
+        assert!(matches!(
+            parse(&["--fd", "3", "--ceph-root", "/a/../b"]),
             Err(ConfigError::BadCephRoot(_))
         ));
         assert!(matches!(

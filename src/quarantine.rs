@@ -26,12 +26,22 @@
 //! Domains nest by path: a domain inside a denied domain is denied too, unless exempt.
 //!
 //! # Hot path
-//! A node's domain is decided once, at lookup: the parent's domain, or a new one when the
+//! A node's domain is derived when it is entered: the parent's domain, or a new one when the
 //! looked-up directory is a domain root ([`Gate::domain_of_root`]: an open-addressed table of
-//! atomics keyed by inode number, no lock). Every request then asks [`Gate::denied`]: one
-//! relaxed atomic load of the domain's effective flag, skipped altogether for domain 0. No MDS
-//! request, no lock, O(1). Open handles remember the domain of their node, so READ/WRITE on a
+//! atomics keyed by inode number, no lock), stamped with the gate's [`Gate::generation`]. Every
+//! request compares the node's stamp with the generation (one atomic load each) and asks
+//! [`Gate::denied`]: one relaxed atomic load of the domain's effective flag, skipped altogether
+//! for domain 0. No MDS request, no lock, O(1). Open handles ask their node, so READ/WRITE on a
 //! handle opened before the quarantine are denied as well.
+//!
+//! # Domains follow the tree, not the first lookup
+//! The generation changes when a domain root is registered or re-registered (a directory
+//! created or re-created at a domain's path after nodes below it were entered), when a flag
+//! flips, and after every watcher round while any domain is denied (another client may have
+//! renamed a directory into or out of it). A node whose stamp is older derives its domain again
+//! at its next request, up the chain of directories it was found through, each link confirmed by
+//! a lookup of its name (`fs`). A chain that does not hold, or a file with more links while a
+//! domain near the export is denied, gives [`UNSURE`], which is always denied (fail closed).
 //!
 //! # Propagation
 //! A watcher thread per daemon, on its own libcephfs mount of `/`, re-reads the xattr of every
@@ -46,7 +56,9 @@
 //! # Failing closed
 //! Every domain starts denied until its state was read. A state that cannot be read (the
 //! watcher cannot mount, getxattr fails with anything but ENODATA) keeps or makes the domain
-//! denied and logs why. Releasing takes effect on the next round, without remount.
+//! denied and logs why. A watcher that does not finish a round within the bound (a hung MDS
+//! request) has every domain denied by [`watchdog`] until it does. Releasing takes effect on
+//! the next round, without remount.
 //!
 //! # Recovery roles
 //! `--quarantine-recovery global` exempts every domain; `--quarantine-recovery-path PATH`
@@ -79,6 +91,9 @@ const ROOT_SLOTS: usize = 2 * MAX_DOMAINS * 2;
 pub const AUDIT_PER_SEC: u32 = 20;
 /// Default propagation bound.
 pub const DEFAULT_PROPAGATION: Duration = Duration::from_secs(1);
+/// The domain of a node whose ancestry could not be established (walk failed, too deep, or
+/// it lies outside the export): always denied (fail closed).
+pub const UNSURE: u32 = u32::MAX;
 
 /// Quarantine settings of one daemon.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -233,6 +248,19 @@ pub struct Gate {
     paths: RwLock<Vec<String>>,
     /// The export root's domain (0 = none).
     root_domain: AtomicU32,
+    /// The export root (canonical path).
+    export_root: RwLock<String>,
+    /// Some domain at, above or below the export root is denied: the only ones a file of the
+    /// export can have another link in.
+    near_denied: AtomicBool,
+    /// Changes whenever what decides a node's domain may have changed: a domain root
+    /// registered or moved, a deny flag flipped, and every watcher round while any domain is
+    /// denied (another client may have renamed a directory into or out of it). Nodes remember
+    /// the generation their domain was derived at and derive it again when it differs.
+    generation: AtomicU32,
+    /// When the watcher last finished a round, in ms since `epoch` (see [`watchdog`]).
+    last_round: AtomicU64,
+    epoch: Instant,
     audit: Mutex<Audit>,
 }
 
@@ -278,6 +306,11 @@ impl Gate {
             denied_count: AtomicUsize::new(0),
             paths: RwLock::new(Vec::new()),
             root_domain: AtomicU32::new(0),
+            export_root: RwLock::new("/".into()),
+            near_denied: AtomicBool::new(false),
+            generation: AtomicU32::new(1),
+            last_round: AtomicU64::new(0),
+            epoch: Instant::now(),
             audit: Mutex::new(Audit {
                 window: Instant::now(),
                 lines: 0,
@@ -294,6 +327,50 @@ impl Gate {
                 .deny
                 .get(domain as usize)
                 .map_or(true, |d| d.load(Ordering::Relaxed))
+    }
+
+    /// See the field: the hot path compares it with the generation a node's domain was
+    /// derived at (one relaxed load).
+    #[inline]
+    pub fn generation(&self) -> u32 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// The watcher finished a round: the flags are current.
+    pub fn round_done(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_round.store(ms, Ordering::Release);
+    }
+
+    /// Time since the watcher last finished a round.
+    pub fn since_round(&self) -> Duration {
+        let last = Duration::from_millis(self.last_round.load(Ordering::Acquire));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
+    /// Deny every domain this daemon is no recovery client for (the watcher is stalled).
+    pub fn fail_closed(&self, cfg: &QuarantineConfig) {
+        let paths: Vec<String> = self.paths.read().unwrap_or_else(|e| e.into_inner()).clone();
+        let states = vec![State::Unreadable; paths.len()];
+        self.publish(&effective(&paths, &states, cfg));
+    }
+
+    /// Make every node derive its domain again before its next request.
+    pub fn invalidate(&self) {
+        // Never 0: a fresh node stamped 0 by a filesystem without a gate must not match.
+        let g = self
+            .generation
+            .fetch_add(1, Ordering::AcqRel)
+            .wrapping_add(1);
+        if g == 0 {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// Whether a domain that a file of the export can have another link in is denied.
+    #[inline]
+    pub fn near_denied(&self) -> bool {
+        self.near_denied.load(Ordering::Relaxed)
     }
 
     /// Whether any domain is denied now.
@@ -333,6 +410,9 @@ impl Gate {
 
     /// The path of a domain (for logs).
     pub fn path_of(&self, domain: u32) -> String {
+        if domain == UNSURE {
+            return "<ancestry unknown>".into();
+        }
         let paths = self.paths.read().unwrap_or_else(|e| e.into_inner());
         (domain as usize)
             .checked_sub(1)
@@ -375,12 +455,17 @@ impl Gate {
             };
             match k.load(Ordering::Acquire) {
                 cur if cur == ino => {
-                    v.store(domain, Ordering::Relaxed);
+                    if v.swap(domain, Ordering::Relaxed) != domain {
+                        self.invalidate();
+                    }
                     return true;
                 }
                 0 => {
                     v.store(domain, Ordering::Relaxed);
                     k.store(ino, Ordering::Release);
+                    // Nodes below this directory may exist already (looked up before the
+                    // directory was created, discovered or re-created): they derive again.
+                    self.invalidate();
                     return true;
                 }
                 _ => i = (i + 1) & (ROOT_SLOTS - 1),
@@ -391,10 +476,12 @@ impl Gate {
 
     /// Publish effective flags for domains 1..=flags.len().
     pub fn publish(&self, flags: &[bool]) {
+        let mut changed = false;
         for (i, &f) in flags.iter().enumerate() {
             if let Some(d) = self.deny.get(i + 1) {
                 let was = d.swap(f, Ordering::Relaxed);
                 if was != f {
+                    changed = true;
                     if f {
                         self.denied_count.fetch_add(1, Ordering::Relaxed);
                     } else {
@@ -402,6 +489,20 @@ impl Gate {
                     }
                 }
             }
+        }
+        let near = {
+            let export = self.export_root.read().unwrap_or_else(|e| e.into_inner());
+            let paths = self.paths.read().unwrap_or_else(|e| e.into_inner());
+            paths
+                .iter()
+                .zip(flags)
+                .any(|(p, &f)| f && (is_at_or_below(p, &export) || is_at_or_below(&export, p)))
+        };
+        if self.near_denied.swap(near, Ordering::Relaxed) != near {
+            changed = true;
+        }
+        if changed {
+            self.invalidate();
         }
     }
 
@@ -505,6 +606,47 @@ fn subdirs(mount: &Mount, dir: &Inode, perm: &UserPerm) -> Result<Vec<Vec<u8>>, 
 pub struct Watcher {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Fail closed when the watcher stalls: no round finished within the propagation bound (an
+/// MDS that does not answer, a hung mount) leaves flags that may be stale, so every domain is
+/// denied until a round finishes again (at most twice the bound after the last one). Runs on its
+/// own thread, touching no Ceph call, so it cannot hang with the watcher.
+pub fn watchdog(
+    gate: Arc<Gate>,
+    cfg: QuarantineConfig,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let every = cfg.poll_interval();
+    // A round normally finishes every `every` plus its own time; one that has not finished
+    // within the bound is stalled (so flags are at most twice the bound old), not merely slow
+    // on a loaded host.
+    let stalled = cfg.propagation.max(every * 4);
+    std::thread::Builder::new()
+        .name("quarantine-watchdog".into())
+        .spawn(move || {
+            let mut logged = false;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(every);
+                if gate.since_round() > stalled {
+                    if !logged {
+                        tracing::error!(
+                            stalled_ms =
+                                u64::try_from(gate.since_round().as_millis()).unwrap_or(u64::MAX),
+                            "quarantine: the watcher has not finished a round within the \
+                             propagation bound (is the MDS answering?); every quarantine-capable \
+                             directory is denied (fail closed) until it does"
+                        );
+                        logged = true;
+                    }
+                    gate.fail_closed(&cfg);
+                } else if logged {
+                    tracing::info!("quarantine: the watcher is reading the state again");
+                    logged = false;
+                }
+            }
+        })
 }
 
 impl std::fmt::Debug for Watcher {
@@ -516,6 +658,9 @@ impl std::fmt::Debug for Watcher {
 impl Drop for Watcher {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.watchdog.take() {
+            let _ = t.join();
+        }
         if let Some(t) = self.thread.take() {
             // The thread sleeps at most one poll interval before it sees the flag.
             let _ = t.join();
@@ -536,6 +681,8 @@ struct Scanner {
     listings: HashMap<u64, Listing>,
     mount_error_logged: bool,
     discovery_error_logged: bool,
+    /// Discovered directories no domain was left for (denied, see `scan`).
+    overflow: std::collections::HashSet<String>,
 }
 
 impl Scanner {
@@ -583,8 +730,18 @@ impl Scanner {
             return;
         };
         for p in self.discover(&mount) {
-            if self.gate.domain_for_path(&p).is_none() {
-                tracing::error!(path = %p, "quarantine: more than {MAX_DOMAINS} quarantine-capable directories; this one is not tracked");
+            if self.gate.domain_for_path(&p).is_some() || self.overflow.contains(&p) {
+                continue;
+            }
+            // No domain left: its state cannot be followed, so it is denied (fail closed).
+            // A daemon's own export is registered first, so only directories discovered
+            // later, which a tenant's daemon cannot reach, can be left without one.
+            match resolve(&mount, &p, &self.perm).map(|i| i.vino()) {
+                Ok(Ok(v)) if self.gate.register_root(v.ino, UNSURE) => {
+                    tracing::error!(path = %p, "quarantine: more than {MAX_DOMAINS} quarantine-capable directories; this one is denied to this daemon's guest (fail closed) until the daemon is restarted");
+                    self.overflow.insert(p);
+                }
+                _ => {}
             }
         }
         let paths: Vec<String> = self
@@ -602,6 +759,13 @@ impl Scanner {
             states.push(s);
         }
         self.gate.publish(&effective(&paths, &states, &self.cfg));
+        // While anything is denied, a directory another client renamed into or out of a
+        // denied domain must not keep the domain it had: nodes derive theirs again (from their
+        // real ancestry) once per round.
+        if self.gate.any_denied() {
+            self.gate.invalidate();
+        }
+        self.gate.round_done();
     }
 
     fn publish_all(&mut self, s: State) {
@@ -615,39 +779,52 @@ impl Scanner {
         self.gate.publish(&effective(&paths, &states, &self.cfg));
     }
 
+    /// Read one domain's state. The path is resolved again every round (each step answered
+    /// from the client's cache unless another client changed that directory): a domain is
+    /// its path, so a directory created, removed and re-created under it after the daemon
+    /// started is registered as the domain's root as soon as it is there, and nodes already
+    /// below it derive their domain again ([`Gate::register_root`]).
     fn read_domain(&mut self, mount: &Mount, d: u32, path: &str) -> State {
-        for attempt in 0..2 {
-            let inode = match self.roots.get(path) {
-                Some(i) => i,
-                None => match resolve(mount, path, &self.perm) {
-                    Ok(i) => {
-                        if let Ok(v) = i.vino() {
-                            self.gate.register_root(v.ino, d);
-                        }
-                        self.roots.entry(path.to_owned()).or_insert(i)
-                    }
-                    // Nothing there: nothing to protect.
-                    Err(e) if e.errno() == libc::ENOENT => return State::Released,
-                    Err(e) => {
-                        tracing::debug!(path, error = %e, "quarantine: resolve");
-                        return State::Unreadable;
-                    }
-                },
-            };
-            match read_state(mount, inode, &self.perm) {
-                Ok(true) => return State::Quarantined,
-                Ok(false) => return State::Released,
-                // The directory was removed (or replaced): resolve the path again once.
-                Err(e) if attempt == 0 && matches!(e.errno(), libc::ESTALE | libc::ENOENT) => {
-                    self.roots.remove(path);
-                }
-                Err(e) => {
-                    tracing::debug!(path, error = %e, "quarantine: getxattr");
-                    return State::Unreadable;
-                }
+        let inode = match resolve(mount, path, &self.perm) {
+            Ok(i) => i,
+            // Nothing there: nothing to protect (until it appears: next round).
+            Err(e) if e.errno() == libc::ENOENT => {
+                self.roots.remove(path);
+                return State::Released;
             }
+            Err(e) => {
+                tracing::debug!(path, error = %e, "quarantine: resolve");
+                return State::Unreadable;
+            }
+        };
+        let ino = match inode.vino() {
+            Ok(v) => v.ino,
+            Err(e) => {
+                tracing::debug!(path, error = %e, "quarantine: resolve");
+                return State::Unreadable;
+            }
+        };
+        let known = self
+            .roots
+            .get(path)
+            .and_then(|i| i.vino().ok())
+            .map(|v| v.ino);
+        if known != Some(ino) {
+            if known.is_some() {
+                tracing::info!(path, domain = d, "quarantine: directory re-created");
+            }
+            self.gate.register_root(ino, d);
         }
-        State::Unreadable
+        let state = match read_state(mount, &inode, &self.perm) {
+            Ok(true) => State::Quarantined,
+            Ok(false) => State::Released,
+            Err(e) => {
+                tracing::debug!(path, error = %e, "quarantine: getxattr");
+                State::Unreadable
+            }
+        };
+        self.roots.insert(path.to_owned(), inode);
+        state
     }
 
     /// `/volumes/<group>/<subvolume>` directories that exist now.
@@ -707,7 +884,21 @@ pub fn start(
     cfg: QuarantineConfig,
     export_root: &str,
 ) -> std::io::Result<(Arc<Gate>, Watcher)> {
+    // `--ceph-root /volumes//_nogroup/sv1/` is the subvolume's inside as much as the
+    // canonical spelling: the cover is decided on the canonical path. A path that has none
+    // ("..") cannot be placed, so it is refused rather than left in domain 0.
+    let export_root = normalize(export_root).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "quarantine: the exported path {export_root:?} is not an absolute CephFS path \
+                 without \"..\": give --ceph-root as /dir/sub"
+            ),
+        )
+    })?;
+    let export_root = export_root.as_str();
     let gate = Arc::new(Gate::new());
+    *gate.export_root.write().unwrap_or_else(|e| e.into_inner()) = export_root.to_owned();
     for p in cfg.paths.iter().chain(cfg.recovery_paths.iter()) {
         gate.domain_for_path(p);
     }
@@ -728,6 +919,7 @@ pub fn start(
         listings: HashMap::new(),
         mount_error_logged: false,
         discovery_error_logged: false,
+        overflow: std::collections::HashSet::new(),
     };
     s.scan();
     tracing::info!(
@@ -738,6 +930,7 @@ pub fn start(
     );
     let stop = Arc::new(AtomicBool::new(false));
     let stop2 = stop.clone();
+    let dog = watchdog(gate.clone(), s.cfg.clone(), stop.clone())?;
     let thread = std::thread::Builder::new()
         .name("quarantine".into())
         .spawn(move || {
@@ -756,6 +949,7 @@ pub fn start(
         Watcher {
             stop,
             thread: Some(thread),
+            watchdog: Some(dog),
         },
     ))
 }
@@ -1034,6 +1228,34 @@ mod tests {
         let a = g.audit.lock().unwrap();
         assert_eq!(a.lines, AUDIT_PER_SEC);
         assert_eq!(a.suppressed, 100 - u64::from(AUDIT_PER_SEC));
+    }
+
+    #[test]
+    fn hostile_stalled_watcher_fails_closed() {
+        let g = Arc::new(Gate::new());
+        let d = g.domain_for_path("/volumes/_nogroup/sv1").unwrap();
+        g.publish(&[false]);
+        g.round_done();
+        assert!(!g.denied(d));
+        let cfg = QuarantineConfig {
+            propagation: Duration::from_millis(200),
+            ..cfg()
+        };
+        // No watcher finishes a round from now on (a stalled scan).
+        let stop = Arc::new(AtomicBool::new(false));
+        let dog = watchdog(g.clone(), cfg, stop.clone()).unwrap();
+        let t = Instant::now();
+        while !g.denied(d) && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(g.denied(d), "a stalled watcher leaves the domain open");
+        println!("denied {} ms after the last round", t.elapsed().as_millis());
+        // A finished round opens it again (the watcher publishes the real flags).
+        g.round_done();
+        g.publish(&[false]);
+        assert!(!g.denied(d));
+        stop.store(true, Ordering::Relaxed);
+        dog.join().unwrap();
     }
 
     #[test]

@@ -588,3 +588,390 @@ echo "QT done"
         d.log_text()
     );
 }
+
+// ---- a hostile guest against the quarantine (issue 13) ---------------------------------------
+
+/// `--quarantine-path` daemon exporting "/" (its watcher reads the state before it serves).
+fn path_daemon(lab: &Lab, paths: &[&str]) -> Daemon {
+    daemon(
+        lab,
+        "/",
+        Some(QuarantineConfig {
+            paths: paths.iter().map(|p| p.to_string()).collect(),
+            ..qcfg()
+        }),
+        None,
+    )
+}
+
+/// The measured hole: p1 does not exist when the daemon starts; the guest creates it, "cd"s
+/// into it (holds its node) and opens a file there; then both paths are quarantined. Paths
+/// from the root, the cwd-relative lookup and the open descriptor must all be denied.
+#[test]
+fn hostile_quarantine_late_directory_cwd_and_open_fd() {
+    let lab = Lab::get();
+    let top = format!("/hostile-qlate-{}", std::process::id());
+    mkdirs(&lab, &format!("{top}/p0"));
+    let (p0, p1) = (format!("{top}/p0"), format!("{top}/p1"));
+    let a = path_daemon(&lab, &[&p0, &p1]);
+    let root = ctx(0);
+    let topn = walk(&a.fs, &top).unwrap();
+    let cwd1 = a.fs.mkdir(&root, topn, &c("p1"), 0o777, 0).unwrap().inode;
+    let f1 = write_file(&a.fs, cwd1, "f");
+    let fh1 = open(&a.fs, f1);
+    let cwd0 = walk(&a.fs, &p0).unwrap();
+    let f0 = write_file(&a.fs, cwd0, "f");
+    let fh0 = open(&a.fs, f0);
+    // Let the watcher see p1 exist (released) before the quarantine, as in the report.
+    std::thread::sleep(BOUND);
+    run_cmd(&lab, "enable", &p0);
+    run_cmd(&lab, "enable", &p1);
+    wait_for("paths from the root denied", || {
+        walk(&a.fs, &format!("{p0}/f")).is_err() && walk(&a.fs, &format!("{p1}/f")).is_err()
+    });
+    assert_eq!(errno(read(&a.fs, f0, fh0)), libc::EACCES);
+    assert_eq!(errno(a.fs.lookup(&root, cwd0, &c("f"))), libc::EACCES);
+    assert_eq!(
+        errno(a.fs.lookup(&root, cwd1, &c("f"))),
+        libc::EACCES,
+        "cat f relative to a cwd in the late directory"
+    );
+    assert_eq!(
+        errno(read(&a.fs, f1, fh1)),
+        libc::EACCES,
+        "the open descriptor in the late directory"
+    );
+    assert_eq!(errno(a.fs.getattr(&root, cwd1, None)), libc::EACCES);
+    run_cmd(&lab, "disable", &p0);
+    run_cmd(&lab, "disable", &p1);
+    wait_for("released", || read(&a.fs, f1, fh1).is_ok());
+}
+
+/// Another client moves a directory the guest holds (with a file open in it) into a
+/// quarantined directory: the guest's node follows it there.
+#[test]
+fn hostile_quarantine_directory_renamed_in_by_another_client() {
+    let lab = Lab::get();
+    let top = format!("/hostile-qren-{}", std::process::id());
+    let q = format!("{top}/q");
+    mkdirs(&lab, &q);
+    mkdirs(&lab, &format!("{top}/out/x"));
+    let a = path_daemon(&lab, &[&q]);
+    let root = ctx(0);
+    let x = walk(&a.fs, &format!("{top}/out/x")).unwrap();
+    let f = write_file(&a.fs, x, "f");
+    let fh = open(&a.fs, f);
+    run_cmd(&lab, "enable", &q);
+    wait_for("quarantined", || walk(&a.fs, &q).is_err());
+    // Still outside: allowed.
+    a.fs.getattr(&root, x, None).unwrap();
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let out = quarantine::resolve(&m, &format!("{top}/out"), &perm).unwrap();
+    let qd = quarantine::resolve(&m, &q, &perm).unwrap();
+    m.rename(&out, &c("x"), &qd, &c("x"), &perm).unwrap();
+    wait_for("the moved directory is denied", || {
+        a.fs.getattr(&root, x, None).is_err()
+    });
+    assert_eq!(errno(a.fs.lookup(&root, x, &c("f"))), libc::EACCES);
+    assert_eq!(errno(read(&a.fs, f, fh)), libc::EACCES, "open file in it");
+    run_cmd(&lab, "disable", &q);
+}
+
+/// A hard link the guest made out of a directory before its quarantine: neither the node it
+/// holds nor a fresh lookup of the outside name reaches the file afterwards.
+#[test]
+fn hostile_quarantine_hard_link_made_before() {
+    let lab = Lab::get();
+    let top = format!("/hostile-qlink-{}", std::process::id());
+    let q = format!("{top}/q");
+    mkdirs(&lab, &q);
+    mkdirs(&lab, &format!("{top}/out"));
+    // The tenant's export holds both directories (a daemon exporting "/" would also deny
+    // multiply-linked files while other tests quarantine their subvolumes).
+    let a = daemon(
+        &lab,
+        &top,
+        Some(QuarantineConfig {
+            paths: vec![q.clone()],
+            ..qcfg()
+        }),
+        None,
+    );
+    let root = ctx(0);
+    let qn = walk(&a.fs, "q").unwrap();
+    let out = walk(&a.fs, "out").unwrap();
+    let f = write_file(&a.fs, qn, "f");
+    a.fs.link(&root, f, out, &c("hl")).unwrap();
+    let fh = open(&a.fs, f);
+    run_cmd(&lab, "enable", &q);
+    wait_for("quarantined", || walk(&a.fs, "q/f").is_err());
+    assert_eq!(errno(a.fs.lookup(&root, out, &c("hl"))), libc::EACCES);
+    assert_eq!(errno(a.fs.getattr(&root, f, None)), libc::EACCES);
+    assert_eq!(errno(read(&a.fs, f, fh)), libc::EACCES);
+    run_cmd(&lab, "disable", &q);
+    wait_for("released", || a.fs.lookup(&root, out, &c("hl")).is_ok());
+}
+
+/// A subvolume removed and re-created under the same name after the daemon started is still
+/// the domain of that name.
+#[test]
+fn hostile_quarantine_recreated_subvolume() {
+    let lab = Lab::get();
+    let group = format!("hqr{}", std::process::id());
+    let sv = format!("/volumes/{group}/sv");
+    mkdirs(&lab, &format!("{sv}/old"));
+    let a = daemon(&lab, "/", Some(qcfg()), None);
+    walk(&a.fs, &format!("{sv}/old")).unwrap();
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let g = quarantine::resolve(&m, &format!("/volumes/{group}"), &perm).unwrap();
+    let old = quarantine::resolve(&m, &sv, &perm).unwrap();
+    m.rmdir(&old, &c("old"), &perm).unwrap();
+    m.rmdir(&g, &c("sv"), &perm).unwrap();
+    mkdirs(&lab, &format!("{sv}/new"));
+    std::thread::sleep(BOUND);
+    let new = walk(&a.fs, &format!("{sv}/new")).unwrap();
+    run_cmd(&lab, "enable", &sv);
+    wait_for("re-created subvolume denied", || {
+        a.fs.getattr(&ctx(0), new, None).is_err()
+    });
+    assert_eq!(errno(walk(&a.fs, &format!("{sv}/new"))), libc::EACCES);
+    run_cmd(&lab, "disable", &sv);
+}
+
+/// `--ceph-root` spelled with a double slash (and a trailing one) inside a subvolume: the
+/// export is in the subvolume's domain all the same.
+#[test]
+fn hostile_quarantine_unnormalised_ceph_root() {
+    let lab = Lab::get();
+    let group = format!("hqn{}", std::process::id());
+    mkdirs(&lab, &format!("/volumes/{group}/sv/data"));
+    for spelling in [
+        format!("/volumes//{group}/sv/data/"),
+        format!("/volumes/./{group}//sv"),
+    ] {
+        let (gate, w) = quarantine::start(access(&lab, Vec::new()), qcfg(), &spelling).unwrap();
+        assert_ne!(gate.root_domain(), 0, "{spelling} is in no domain");
+        assert_eq!(
+            gate.path_of(gate.root_domain()),
+            format!("/volumes/{group}/sv"),
+            "{spelling}"
+        );
+        drop(w);
+    }
+}
+
+/// A filesystem whose quarantine gate the test flips itself (no watcher): domain `d` is the
+/// directory `/<name>/q`.
+fn gated_fs(lab: &Lab, name: &str) -> (CephFs, std::sync::Arc<quarantine::Gate>, u32) {
+    let export = lab.export_dir(name);
+    mkdirs(lab, &format!("{export}/q"));
+    let m = lab.ceph();
+    let q = quarantine::resolve(&m, &format!("{export}/q"), &UserPerm::root()).unwrap();
+    let gate = std::sync::Arc::new(quarantine::Gate::new());
+    let d = gate.domain_for_path(&format!("{export}/q")).unwrap();
+    gate.register_root(q.vino().unwrap().ino, d);
+    gate.publish(&[false]);
+    let mount = MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.mount(&export))
+        .unwrap();
+    let cfg = FsConfig {
+        quarantine: Some(gate.clone()),
+        ..FsConfig::default()
+    };
+    let fs = CephFs::new(mount, cfg).unwrap();
+    fs.init(FsOptions::ASYNC_READ).unwrap();
+    (fs, gate, d)
+}
+
+/// A SETLKW waiting for another client's lock when the quarantine comes is not granted
+/// afterwards, and leaves no lock behind.
+#[test]
+fn hostile_quarantine_setlkw_granted_after_the_quarantine() {
+    use fuse_backend_rs::api::filesystem::FileLock;
+    let lab = Lab::get();
+    let name = format!("hostile-qlock-{}", std::process::id());
+    let (fs, gate, d) = gated_fs(&lab, &name);
+    let q = walk(&fs, "q").unwrap();
+    let f = write_file(&fs, q, "f");
+    let fh = open(&fs, f);
+    // The other client holds a write lock on the whole file.
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let other = quarantine::resolve(&m, &format!("/{name}/q/f"), &perm).unwrap();
+    let of = m.open(&other, libc::O_RDWR, &perm).unwrap();
+    let whole = |t: i32| libc::flock {
+        l_type: t as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    of.setlk(&whole(libc::F_WRLCK), 1, false).unwrap();
+    let lock = FileLock {
+        start: 0,
+        end: i64::MAX as u64,
+        lock_type: libc::F_WRLCK as u32,
+        pid: 7,
+    };
+    let r = std::thread::scope(|s| {
+        let waiter = s.spawn(|| fs.setlkw(&ctx(0), f, fh, 42, lock, 0));
+        // Setup only (the outcome does not depend on it): let the request wait first.
+        std::thread::sleep(Duration::from_millis(500));
+        gate.publish(&[true]);
+        assert!(gate.denied(d));
+        of.setlk(&whole(libc::F_UNLCK), 1, false).unwrap();
+        waiter.join().unwrap()
+    });
+    assert_eq!(
+        errno(r),
+        libc::EACCES,
+        "SETLKW granted after the quarantine"
+    );
+    // The daemon holds no lock: the other client can take it again at once.
+    of.setlk(&whole(libc::F_WRLCK), 2, false)
+        .expect("the lock granted after the quarantine was given back");
+}
+
+/// A copy_file_range out of a quarantined file stops at the next chunk, not after 4 GiB.
+#[test]
+fn hostile_quarantine_copy_file_range_stops_at_the_next_chunk() {
+    let lab = Lab::get();
+    let name = format!("hostile-qcopy-{}", std::process::id());
+    let (fs, gate, _d) = gated_fs(&lab, &name);
+    let q = walk(&fs, "q").unwrap();
+    let src = write_file(&fs, q, "src");
+    let dst = write_file(&fs, 1, "dst");
+    const LEN: u64 = 48 << 20;
+    // A sparse source of LEN bytes (reads as zeros).
+    let mut attr = fs.getattr(&ctx(0), src, None).unwrap().0;
+    attr.st_size = LEN as i64;
+    fs.setattr(
+        &ctx(0),
+        src,
+        attr,
+        None,
+        fuse_backend_rs::abi::fuse_abi::SetattrValid::SIZE,
+    )
+    .unwrap();
+    let sfh = open(&fs, src);
+    let dfh = open(&fs, dst);
+    let r = std::thread::scope(|s| {
+        let copier = s.spawn(|| fs.copy_range(&ctx(0), src, sfh, 0, dst, dfh, 0, LEN));
+        // Quarantine once the copy has written its first chunk.
+        let t = Instant::now();
+        while fs.getattr(&ctx(0), dst, None).unwrap().0.st_size == 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "the copy never starts"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        gate.publish(&[true]);
+        copier.join().unwrap()
+    });
+    let copied = r.unwrap_or(0) as u64;
+    println!("copied {copied} of {LEN} bytes");
+    assert!(
+        copied < LEN / 2,
+        "the copy went on after the quarantine: {copied} of {LEN} bytes"
+    );
+}
+
+/// What a gate change costs: every node derives its domain again at its next request, up its
+/// chain of links, each confirmed by a lookup. For a guest's tree of directories this must be
+/// answered from libcephfs's cache (no MDS request), with each directory walked once.
+#[test]
+fn hostile_quarantine_rederivation_costs_no_mds_request() {
+    let lab = Lab::get();
+    let name = format!("hostile-qcost-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let sock = work.join("fs.asok");
+    let gate = std::sync::Arc::new(quarantine::Gate::new());
+    // A domain elsewhere, denied: the state in which every watcher round invalidates.
+    let far = gate.domain_for_path("/elsewhere").unwrap();
+    gate.publish(&[true]);
+    assert!(gate.denied(far));
+    let mount = MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.conf_set("admin_socket", &sock.to_string_lossy()))
+        .and_then(|b| b.mount(&export))
+        .unwrap();
+    let fs = CephFs::new(
+        mount,
+        FsConfig {
+            quarantine: Some(gate.clone()),
+            ..FsConfig::default()
+        },
+    )
+    .unwrap();
+    fs.init(FsOptions::ASYNC_READ).unwrap();
+    let root = ctx(0);
+    let mut dir = 1;
+    let mut nodes = Vec::new();
+    for depth in 0..16 {
+        dir = fs
+            .mkdir(&root, dir, &c(&format!("d{depth}")), 0o755, 0)
+            .unwrap()
+            .inode;
+        nodes.push(dir);
+        for i in 0..8 {
+            nodes.push(write_file(&fs, dir, &format!("f{i}")));
+        }
+    }
+    let pass = || {
+        for &n in &nodes {
+            fs.getattr(&root, n, None).unwrap();
+        }
+    };
+    pass();
+    let mut last = (0, 0);
+    for attempt in 0..3 {
+        let b = mds_requests(&sock);
+        let t = Instant::now();
+        pass();
+        let steady_us = t.elapsed().as_micros();
+        let steady = mds_requests(&sock) - b;
+        let b = mds_requests(&sock);
+        let t = Instant::now();
+        gate.invalidate();
+        pass();
+        let change_us = t.elapsed().as_micros();
+        let after_change = mds_requests(&sock) - b;
+        println!(
+            "attempt {attempt}: {} GETATTRs over nodes 16 deep: MDS requests {steady} without \
+             and {after_change} with a gate change; {steady_us} us without, {change_us} us with",
+            nodes.len(),
+        );
+        last = (steady, after_change);
+        if steady == after_change {
+            break;
+        }
+    }
+    assert_eq!(last.0, last.1, "re-deriving domains asks the MDS");
+}
+
+/// More quarantine-capable directories than a daemon has domains for: one discovered after
+/// the table is full is denied (fail closed), not left untracked.
+#[test]
+fn hostile_quarantine_domain_table_full_fails_closed() {
+    let lab = Lab::get();
+    let tag = format!("hqo{}", std::process::id());
+    mkdirs(&lab, &format!("/{tag}"));
+    // Fill the table with configured paths (they need not exist).
+    let paths: Vec<String> = (0..quarantine::MAX_DOMAINS)
+        .map(|i| format!("/{tag}/p{i}"))
+        .collect();
+    let a = daemon(&lab, "/", Some(QuarantineConfig { paths, ..qcfg() }), None);
+    let sv = format!("/volumes/{tag}/sv");
+    mkdirs(&lab, &format!("{sv}/d"));
+    wait_for("the untracked subvolume is denied", || {
+        walk(&a.fs, &format!("{sv}/d")).is_err()
+    });
+    assert_eq!(errno(walk(&a.fs, &sv)), libc::EACCES);
+    // Elsewhere is untouched.
+    walk(&a.fs, &format!("/{tag}")).unwrap();
+}

@@ -17,6 +17,7 @@
 //! e.g. after an open handle on it is released).
 
 use std::collections::HashMap;
+use std::ffi::CString;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -28,6 +29,10 @@ pub const ROOT_ID: u64 = 1;
 const ALLOCATED_BIT: u64 = 1 << 63;
 
 const SHARDS: usize = 64;
+
+fn pack((domain, generation): (u32, u32)) -> u64 {
+    u64::from(generation) << 32 | u64::from(domain)
+}
 
 /// CephFS "no snapshot": the live (head) version of an inode.
 pub const NOSNAP: u64 = u64::MAX - 1; // CEPH_NOSNAP = (uint64_t)(-2)
@@ -46,10 +51,54 @@ pub struct Node<T> {
     pub vino: Vino,
     /// File type bits (`S_IFMT` part of the mode); never changes for an inode.
     pub kind: u32,
-    /// Quarantine domain the inode belongs to (0 = none), set once at lookup.
-    pub domain: u32,
+    /// Quarantine domain as last derived, packed with the gate generation it was derived at
+    /// (`generation << 32 | domain`): see [`Node::domain_at`].
+    domain: AtomicU64,
+    /// The node this one was last found in (looked up, listed or created) and the name it
+    /// was found by; None for the export root (and a directory found by ".." whose own link
+    /// could not be confirmed). It is what ".." resolves to (libcephfs's own ".." cannot be
+    /// trusted: ".." of the export root's `.snap` is the export's parent, and a directory
+    /// another client renamed keeps its old parent there), and the chain quarantine domains
+    /// are derived along, each link confirmed by a lookup of its name. Holding the parent
+    /// keeps its libcephfs reference, as libcephfs's dentry would. Cold paths only.
+    link: Mutex<Option<Link<T>>>,
     pub inode: T,
     lookups: AtomicU64,
+}
+
+/// Where a node was found: its parent node and its name there.
+#[derive(Debug)]
+pub struct Link<T> {
+    pub parent: Arc<Node<T>>,
+    pub name: CString,
+}
+
+impl<T> Clone for Link<T> {
+    fn clone(&self) -> Self {
+        Link {
+            parent: self.parent.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
+impl<T> Drop for Node<T> {
+    /// Parent chains are as deep as the paths: release them iteratively, not by recursion.
+    fn drop(&mut self) {
+        let take = |m: &mut Mutex<Option<Link<T>>>| {
+            m.get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+                .map(|l| l.parent)
+        };
+        let mut next = take(&mut self.link);
+        while let Some(p) = next {
+            next = match Arc::try_unwrap(p) {
+                Ok(mut n) => take(&mut n.link),
+                Err(_) => None,
+            };
+        }
+    }
 }
 
 impl<T> Node<T> {
@@ -58,6 +107,22 @@ impl<T> Node<T> {
     }
     pub fn lookups(&self) -> u64 {
         self.lookups.load(Ordering::Relaxed)
+    }
+    /// The quarantine domain last derived and the (low 32 bits of the) gate generation it was
+    /// derived at. One atomic, so a domain is never read with another derivation's generation.
+    pub fn domain_at(&self) -> (u32, u32) {
+        let v = self.domain.load(Ordering::Acquire);
+        (v as u32, (v >> 32) as u32)
+    }
+    /// Where the node was last found (see the field).
+    pub fn link(&self) -> Option<Link<T>> {
+        self.link.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Record a derived domain (see [`Node::domain_at`]).
+    pub fn set_domain(&self, domain: u32, generation: u32) {
+        self.domain
+            .store(pack((domain, generation)), Ordering::Release);
     }
 }
 
@@ -89,7 +154,10 @@ type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 pub struct NewNode<T> {
     pub vino: Vino,
     pub kind: u32,
-    pub domain: u32,
+    /// Domain and the gate generation it was derived at (see [`Node::domain_at`]).
+    pub domain: (u32, u32),
+    /// Where it was found (see [`Node::link`]).
+    pub link: Option<Link<T>>,
     pub inode: T,
 }
 
@@ -117,7 +185,8 @@ impl<T> NodeTable<T> {
             id: ROOT_ID,
             vino: root.vino,
             kind: root.kind,
-            domain: root.domain,
+            domain: AtomicU64::new(pack(root.domain)),
+            link: Mutex::new(None),
             inode: root.inode,
             // The root is never forgotten: the kernel never sends FORGET for it.
             lookups: AtomicU64::new(1),
@@ -178,13 +247,28 @@ impl<T> NodeTable<T> {
         let mut shard = self.shard(id).write().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = shard.get(&id) {
             n.lookups.fetch_add(1, Ordering::Relaxed);
-            return n.clone();
+            let n = n.clone();
+            // A head inode found again is where it was found last (renamed since, or another
+            // link of a file); a snapshot does not change. The old link is released after
+            // the shard lock.
+            let old = match new.link {
+                Some(l) if new.vino.snapid == NOSNAP => {
+                    // Its domain is the one derived for this place just now.
+                    n.domain.store(pack(new.domain), Ordering::Release);
+                    n.link.lock().unwrap_or_else(|e| e.into_inner()).replace(l)
+                }
+                _ => None,
+            };
+            drop(shard);
+            drop(old);
+            return n;
         }
         let node = Arc::new(Node {
             id,
             vino: new.vino,
             kind: new.kind,
-            domain: new.domain,
+            domain: AtomicU64::new(pack(new.domain)),
+            link: Mutex::new(new.link),
             inode: new.inode,
             lookups: AtomicU64::new(1),
         });
@@ -271,7 +355,8 @@ mod tests {
         NodeTable::new(NewNode {
             vino: head(root_ino),
             kind: libc::S_IFDIR,
-            domain: 0,
+            domain: (0, 0),
+            link: None,
             inode: Ref(drops.clone()),
         })
     }
@@ -280,7 +365,8 @@ mod tests {
         NewNode {
             vino,
             kind: libc::S_IFREG,
-            domain: 0,
+            domain: (0, 0),
+            link: None,
             inode: Ref(drops.clone()),
         }
     }
@@ -375,6 +461,26 @@ mod tests {
         let fsroot = t.insert(new(head(1), &d));
         assert_ne!(fsroot.id, ROOT_ID);
         assert_eq!(t.get(ROOT_ID).unwrap().vino.ino, 0x1000);
+    }
+
+    #[test]
+    fn hostile_deep_parent_chains_drop_without_recursion() {
+        // A guest can make paths as deep as it likes: dropping the chain of parents of the
+        // deepest node must not recurse once per level (worker threads have small stacks).
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let mut parent = t.get(ROOT_ID);
+        for i in 0..200_000u64 {
+            let mut n = new(head(0x1000 + i), &d);
+            n.link = parent.take().map(|parent| Link {
+                parent,
+                name: CString::new("x").unwrap(),
+            });
+            parent = Some(t.insert(n));
+            t.forget(0x1000 + i, 1);
+        }
+        drop(parent);
+        assert_eq!(d.load(Ordering::Relaxed), 200_000);
     }
 
     #[test]
