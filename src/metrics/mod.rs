@@ -172,6 +172,10 @@ pub trait FsStats: Send + Sync {
     fn node_count(&self) -> usize;
     /// Open file and directory handles.
     fn handle_count(&self) -> usize;
+    /// Requests refused at the guest's limits: (nodes, handles).
+    fn limit_refusals(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 impl FsStats for crate::fs::CephFs {
@@ -180,6 +184,9 @@ impl FsStats for crate::fs::CephFs {
     }
     fn handle_count(&self) -> usize {
         crate::fs::CephFs::handle_count(self)
+    }
+    fn limit_refusals(&self) -> (u64, u64) {
+        crate::fs::CephFs::limit_refusals(self)
     }
 }
 
@@ -389,7 +396,33 @@ impl Metrics {
                 "Open file and directory handles.",
             );
             w.sample("ceph_virtiofsd_handles", &[], fs.handle_count());
+            let (nodes, handles) = fs.limit_refusals();
+            w.family(
+                "ceph_virtiofsd_limit_refusals_total",
+                Kind::Counter,
+                "Requests refused with ENFILE at the guest's --max-nodes or --max-handles.",
+            );
+            w.sample(
+                "ceph_virtiofsd_limit_refusals_total",
+                &[("table", "nodes")],
+                nodes,
+            );
+            w.sample(
+                "ceph_virtiofsd_limit_refusals_total",
+                &[("table", "handles")],
+                handles,
+            );
         }
+        w.family(
+            "ceph_virtiofsd_mds_inode_recalls_total",
+            Kind::Counter,
+            "Inode releases the MDS asked for under cache pressure (inodes the guest holds).",
+        );
+        w.sample(
+            "ceph_virtiofsd_mds_inode_recalls_total",
+            &[],
+            crate::fs::limits::recalls(),
+        );
         if let Some(h) = ceph {
             h.render(&mut w);
         }
