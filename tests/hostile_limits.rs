@@ -305,36 +305,25 @@ fn hostile_failed_readdirplus_reply_gives_back_its_lookups() {
 #[test]
 fn hostile_create_that_fails_part_way_gives_back_its_lookup() {
     let s = setup("crfail", FsConfig::default());
-    // A setuid file without any execute bit (the MDS then leaves the bit to us), with another
-    // xattr, writable but not readable by others: CREATE with O_TRUNC by another user has a
-    // kill to do after the file is open.
-    let ino = s.file("f", b"data", 0o4622, 2000, false);
-    s.other.setxattr(&ino, c"user.x", b"1", 0, &s.root).unwrap();
+    // An existing file others may read but not write: CREATE O_RDONLY|O_TRUNC opens it, and
+    // then fails its O_TRUNC with EACCES, after the node was entered.
+    let ino = s.file("f", b"data", 0o644, 2000, false);
     let user = ctx(1000, 1000);
     let before = s.fs.node_count();
     let r = s.fs.create(
         &user,
         ROOT,
         &c("f"),
-        create_in(libc::O_WRONLY | libc::O_TRUNC, 0o644, true),
+        create_in(libc::O_RDONLY | libc::O_TRUNC, 0o644, true),
     );
-    match r {
-        Ok((e, fh, _, _)) => {
-            assert_eq!(s.fs.node_count(), before + 1);
-            s.fs.release(&user, e.inode, 0, fh.unwrap(), false, false, None)
-                .unwrap();
-            s.fs.forget(&user, e.inode, 1);
-            assert_eq!(s.fs.node_count(), before);
-            assert_eq!(s.state(&ino).0, 0o622, "setuid killed");
-        }
-        Err(e) => {
-            assert_eq!(
-                s.fs.node_count(),
-                before,
-                "failed CREATE ({e}) left a lookup"
-            );
-        }
-    }
+    assert_eq!(errno(r), libc::EACCES);
+    assert_eq!(s.fs.node_count(), before, "the failed CREATE left a lookup");
+    assert_eq!(s.fs.handle_count(), 0);
+    let st = s
+        .other
+        .getattr(&ino, CEPH_STATX_BASIC_STATS, 0, &s.root)
+        .unwrap();
+    assert_eq!(st.stx_size, 4, "not truncated");
 }
 
 // ---- snapshots ------------------------------------------------------------------------------
@@ -578,19 +567,39 @@ fn hostile_open_with_o_trunc_kills_and_truncates() {
 #[test]
 fn hostile_ftruncate_through_a_handle_cannot_forge_times() {
     let s = setup("times", FsConfig::default());
-    // Someone else's file the guest user may write.
-    let ino = s.file("f", b"data", 0o666, 2000, false);
+    // Someone else's file the guest user may write, made through this daemon (its client then
+    // holds the exclusive caps, and libcephfs changes the size locally).
+    let owner = ctx(2000, 2000);
+    let (e, ofh, _, _) =
+        s.fs.create(&owner, ROOT, &c("f"), create_in(libc::O_RDWR, 0o666, false))
+            .unwrap();
+    let f = e.inode;
+    s.fs.release(&owner, f, 0, ofh.unwrap(), false, false, None)
+        .unwrap();
     let user = ctx(1000, 1000);
-    let f = s.lookup(&user, ROOT, "f").unwrap();
     let fh = s.open(&user, f, libc::O_RDWR).unwrap();
     // SAFETY: stat64 is plain integers; all-zero is valid.
     let mut attr: stat64 = unsafe { std::mem::zeroed() };
-    attr.st_size = 1;
+    // Growing the file: libcephfs does that locally under the exclusive cap, with the times
+    // of the request (a shrink goes to the MDS, which dates it itself).
+    attr.st_size = 1 << 20;
     attr.st_mtime = 978_307_200; // 2001-01-01
     attr.st_ctime = 978_307_200;
     let valid = SetattrValid::SIZE | SetattrValid::MTIME | SetattrValid::CTIME;
     // Explicit times need the owner; through the handle the size change goes, dated now.
     let _ = s.fs.setattr(&user, f, attr, Some(fh), valid);
+    let (st, _) = s.fs.getattr(&user, f, None).unwrap();
+    assert_eq!(st.st_size, 1 << 20);
+    assert_ne!(st.st_mtime, 978_307_200, "mtime forged");
+    assert_ne!(st.st_ctime, 978_307_200, "ctime forged");
+    // And as the cluster keeps it, once the handle is closed.
+    s.fs.release(&user, f, 0, fh, false, false, None).unwrap();
+    s.fs.sync_all().unwrap();
+    let ino = s
+        .other
+        .lookup(&s.dir, c"f", CEPH_STATX_BASIC_STATS, 0, &s.root)
+        .unwrap()
+        .0;
     let st = s
         .other
         .getattr(&ino, CEPH_STATX_BASIC_STATS, 0, &s.root)
