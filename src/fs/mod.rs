@@ -492,6 +492,16 @@ impl CephFs {
         Err(errno(libc::ENFILE))
     }
 
+    /// ENFILE, counted, when the node table is full, before a request creates something that
+    /// would need a new node (a new inode always does), so that it is refused cleanly.
+    fn node_room(&self, op: &'static str) -> io::Result<()> {
+        if self.nodes.has_room() {
+            return Ok(());
+        }
+        self.limits.refused(Table::Nodes, self.cfg.max_nodes, op);
+        Err(errno(libc::ENFILE))
+    }
+
     /// Snapshot policy: EROFS for a namespace change in a `.snap` directory unless the guest
     /// may manage snapshots.
     fn snapdir_change(&self, dir: &Node) -> io::Result<()> {
@@ -1328,6 +1338,7 @@ impl FileSystem for CephFs {
         }
         let parent = self.node_op(parent, "symlink", ctx)?;
         self.snapdir_change(&parent)?;
+        self.node_room("symlink")?;
         let (inode, st) =
             self.mount
                 .symlink(&parent.inode, name, linkname, WANT, 0, &self.perm(ctx))?;
@@ -1347,6 +1358,7 @@ impl FileSystem for CephFs {
         mknod_allowed(mode, self.cfg.allow_device_nodes)?;
         let parent = self.node_op(parent, "mknod", ctx)?;
         self.snapdir_change(&parent)?;
+        self.node_room("mknod")?;
         let (inode, st) = self.mount.mknod(
             &parent.inode,
             name,
@@ -1370,6 +1382,7 @@ impl FileSystem for CephFs {
         names::check_name(name, Use::Change).map_err(errno)?;
         let parent = self.node_op(parent, "mkdir", ctx)?;
         self.snapdir_change(&parent)?;
+        self.node_room("mkdir")?;
         let (inode, st) =
             self.mount
                 .mkdir(&parent.inode, name, mode & 0o7777, WANT, 0, &self.perm(ctx))?;
