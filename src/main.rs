@@ -60,6 +60,11 @@ fn fs_config(config: &Config) -> FsConfig {
             Snapshots::Hidden => fs::SnapshotPolicy::Hidden,
         },
         allow_device_nodes: config.guest.allow_device_nodes,
+        second_session: Some(fs::side::Connector({
+            let access = CephAccess::from(&config.ceph);
+            let root = config.ceph.root.clone();
+            std::sync::Arc::new(move || access.mount(&root))
+        })),
         ..FsConfig::default()
     }
 }

@@ -40,13 +40,7 @@ const INJECT_KINDS: [&str; 6] = ["flip", "chmod", "stray", "mtime", "link", "tru
 /// Options of every run on the share. libcephfs reports ctime as the later of ctime and mtime
 /// (README.md, known limits): explicit times stay in the past (Nov 2023), as the 32-bit
 /// seconds of CephFS keep them below 2^32 anyway.
-///
-/// `--skip link` leaves out an open divergence (tests/guest/README.md, "What it found"):
-/// after renames over one name of a hard-linked file, another of its names sometimes
-/// vanishes (ENOENT, missing from readdir). Not reduced yet to a sequence outside the guest;
-/// hard links stay covered by fs-suite, pjdfstest and tests/semantics.rs. FSCHECK_REPLAY
-/// runs exactly the options it is given, so a replay without `--skip link` looks for it.
-const SHARE_ARGS: &str = "--max-time 1700000000 --skip link";
+const SHARE_ARGS: &str = "--max-time 1700000000";
 /// Who the unprivileged runs are: uid 1000 (`tester`), primary group 1000, supplementary 2000.
 const USER: &str = "1000:1000:2000";
 

@@ -1,7 +1,8 @@
 //! fsx (File System eXerciser, the `fsx` crate) inside a real Linux guest over the daemon, once
 //! per cache mode (issue #12): a seeded random sequence of reads, writes, mmap reads and writes,
 //! truncates, hole punches, copy_file_range, sendfile, fsync and close/reopen on one file, each
-//! read checked against fsx's own model of the file.
+//! read checked against fsx's own model of the file; once buffered, once with the file opened
+//! O_DIRECT (half the operations each).
 //!
 //! Every run prints its seed; `FSX_SEED=S` replays it (mode i runs seed S + i). `FSX_OPS=N`
 //! overrides the operation count per mode, `FSX_MODES=auto,never` picks modes, `FSX_MMAP=0|1`
@@ -85,12 +86,22 @@ fn run_fsx(mode: &str, index: u64) {
     let conf = work.join("fsx.toml");
     std::fs::write(&conf, config(mmap)).unwrap();
     let daemon = Daemon::start(&lab, &work, &export, &["--cache", mode]);
+    // Two runs on two files: buffered, then with the file opened O_DIRECT (FSX_O_DIRECT, the
+    // switch tests/guest/build adds to the crate), mmap operations and all, half the
+    // operations each.
+    let half = n / 2;
+    let dseed = seed.wrapping_add(1000);
     let script = format!(
         "#!/bin/sh\n\
-         echo \"FSX-BEGIN mode={mode} seed={seed} ops={n} at $(cat /proc/uptime)\"\n\
-         /opt/bin/fsx -N {n} -S {seed} -f /opt/fsx.toml -P /tmp /mnt/fsx.bin\n\
+         echo \"FSX-BEGIN mode={mode} seed={seed} ops={half} buffered at $(cat /proc/uptime)\"\n\
+         /opt/bin/fsx -N {half} -S {seed} -f /opt/fsx.toml -P /tmp /mnt/fsx.bin\n\
          rc=$?\n\
-         echo \"FSX-END rc=$rc at $(cat /proc/uptime)\"\n\
+         echo \"FSX-END rc=$rc buffered at $(cat /proc/uptime)\"\n\
+         [ $rc = 0 ] || exit $rc\n\
+         echo \"FSX-BEGIN mode={mode} seed={dseed} ops={half} O_DIRECT at $(cat /proc/uptime)\"\n\
+         FSX_O_DIRECT=1 /opt/bin/fsx -N {half} -S {dseed} -f /opt/fsx.toml -P /tmp /mnt/fsx-direct.bin\n\
+         rc=$?\n\
+         echo \"FSX-END rc=$rc O_DIRECT at $(cat /proc/uptime)\"\n\
          exit $rc\n"
     );
     let adds = [(fsx, "/opt/bin/fsx"), (conf.clone(), "/opt/fsx.toml")];
@@ -111,9 +122,12 @@ fn run_fsx(mode: &str, index: u64) {
         tail(&run.console, 60),
         tail(&daemon.log_text(), 30)
     );
-    assert!(
-        run.console.contains("All operations completed A-OK!"),
-        "fsx did not report success in --cache {mode}, seed {seed}"
+    assert_eq!(
+        run.console
+            .matches("All operations completed A-OK!")
+            .count(),
+        2,
+        "fsx did not report success of both runs in --cache {mode}, seed {seed}"
     );
     keep_log(&work, &run.console);
 }

@@ -811,3 +811,73 @@ fn owners_keep_setgid_without_group_exec() {
     );
     fs.release(&owner, ino, 0, fh, false, false, None).unwrap();
 }
+
+/// The names in `dir`, as READDIR lists them (without "." and ".."), sorted.
+fn names(fs: &CephFs, dir: u64) -> Vec<String> {
+    let root = ctx(0, 0);
+    let dh = fs.opendir(&root, dir, 0).unwrap().0.unwrap();
+    let mut out = Vec::new();
+    fs.readdir(&root, dir, dh, 65536, 0, &mut |de| {
+        out.push(String::from_utf8_lossy(de.name).into_owned());
+        Ok(1)
+    })
+    .unwrap();
+    fs.releasedir(&root, dir, 0, dh).unwrap();
+    out.retain(|n| n != "." && n != "..");
+    out.sort();
+    out
+}
+
+/// A rename over one name of a file with other hard links leaves the other names alone: they
+/// are still listed and found, with the file's new link count (libcephfs turned every cached
+/// name of the replaced file into a "no such entry" of a directory it still believed it knew
+/// completely; see src/fs/side.rs). Over a remote link and over the primary one (the name
+/// the file was created with), with the directories listed before, as a guest's `ls` does.
+#[test]
+fn renames_over_one_link_keep_the_other_names() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-rename-over-link");
+    let root = ctx(0, 0);
+    let a = fs.mkdir(&root, 1, &c("a"), 0o755, 0).unwrap().inode;
+    let b = fs.mkdir(&root, 1, &c("b"), 0o755, 0).unwrap().inode;
+    let listing = |dir: u64, want: &[&str], what: &str| {
+        let got = names(&fs, dir);
+        assert_eq!(got, want, "listing {what}");
+    };
+    for round in 0..4 {
+        // f has three names: a/f (primary), b/g, a/h; the rename replaces one of them.
+        let (f, fh) = create_as(&fs, &root, a, &c("f"), 0o644);
+        write(&fs, f, fh, 0, &bytes(round, 3000));
+        release(&fs, f, fh);
+        fs.link(&root, f, b, &c("g")).unwrap();
+        fs.link(&root, f, a, &c("h")).unwrap();
+        let (n, fh) = create_as(&fs, &root, 1, &c("new"), 0o600);
+        release(&fs, n, fh);
+        listing(a, &["f", "h"], "a before");
+        listing(b, &["g"], "b before");
+        let (dir, name, left) = match round % 3 {
+            0 => (a, "h", [(a, "f"), (b, "g")]),
+            1 => (b, "g", [(a, "f"), (a, "h")]),
+            _ => (a, "f", [(b, "g"), (a, "h")]),
+        };
+        fs.rename(&root, 1, &c("new"), dir, &c(name), 0).unwrap();
+        // What the guest does next on the file: open, write, close.
+        let fh = open(&fs, f, libc::O_RDWR);
+        write(&fs, f, fh, 100, &bytes(9, 10));
+        release(&fs, f, fh);
+        for (d, other) in left {
+            let e = fs
+                .lookup(&root, d, &c(other))
+                .unwrap_or_else(|e| panic!("round {round}: {other} after mv new {name}: {e}"));
+            assert_eq!(e.inode, f, "round {round}: {other}");
+            assert_eq!(e.attr.st_nlink, 2, "round {round}: nlink of {other}");
+        }
+        assert_eq!(fs.lookup(&root, dir, &c(name)).unwrap().inode, n);
+        // The rename replaced a name: both listings are what they were.
+        listing(a, &["f", "h"], &format!("a after round {round}"));
+        listing(b, &["g"], &format!("b after round {round}"));
+        for (d, x) in [(a, "f"), (a, "h"), (b, "g")] {
+            fs.unlink(&root, d, &c(x)).unwrap();
+        }
+    }
+}

@@ -19,6 +19,7 @@ pub mod names;
 pub mod nodes;
 pub mod perms;
 pub mod policy;
+pub mod side;
 
 use std::ffi::CStr;
 use std::io;
@@ -30,7 +31,7 @@ use ceph_client::{
     Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_ATIME_NOW, CEPH_SETATTR_CTIME,
     CEPH_SETATTR_GID, CEPH_SETATTR_KILL_SGUID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME,
     CEPH_SETATTR_MTIME_NOW, CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR,
-    CEPH_STATX_BASIC_STATS, CEPH_STATX_INO, CEPH_STATX_MODE, CEPH_STATX_UID,
+    CEPH_STATX_BASIC_STATS, CEPH_STATX_INO, CEPH_STATX_MODE, CEPH_STATX_NLINK, CEPH_STATX_UID,
 };
 use fuse_backend_rs::abi::fuse_abi::{
     stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, FOPEN_IN_KILL_SUIDGID,
@@ -107,6 +108,18 @@ pub struct DirStream {
     pending: Option<Box<ceph_client::DirEntryPlus>>,
 }
 
+/// What a rename would replace.
+enum RenameTarget {
+    /// Nothing: the new name is free.
+    None,
+    /// Another link of the file being renamed (POSIX: the rename does nothing).
+    Same,
+    /// A non-directory that keeps other names after the rename (see [`side`]).
+    LinkedFile,
+    /// Anything else.
+    Other,
+}
+
 /// One READDIR or READDIRPLUS request.
 struct DirRead {
     inode: u64,
@@ -148,6 +161,9 @@ pub struct FsConfig {
     pub snapshots: SnapshotPolicy,
     /// Let MKNOD create character and block device nodes.
     pub allow_device_nodes: bool,
+    /// How to open another session, for renames over hard links ([`side`]); without it they
+    /// go through the main session, and libcephfs may then hide the file's other names.
+    pub second_session: Option<side::Connector>,
 }
 
 impl Default for FsConfig {
@@ -164,6 +180,7 @@ impl Default for FsConfig {
             max_handles: limits::DEFAULT_MAX_HANDLES,
             snapshots: SnapshotPolicy::default(),
             allow_device_nodes: false,
+            second_session: None,
         }
     }
 }
@@ -183,6 +200,8 @@ pub struct CephFs {
     cached: cached::CachedInodes,
     /// Refusals at the node and handle limits.
     limits: LimitStats,
+    /// Short second sessions, for renames over hard links.
+    side: side::SideClient,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -338,6 +357,7 @@ impl CephFs {
         let handles = HandleTable::default();
         handles.set_limit(cfg.max_handles);
         Ok(CephFs {
+            side: side::SideClient::new(cfg.second_session.clone()),
             mount,
             nodes,
             handles,
@@ -736,25 +756,31 @@ impl CephFs {
             && (mask & CEPH_SETATTR_UID == 0 || st.stx_uid == cur.stx_uid))
     }
 
-    /// Whether `oldname` in `old` and `newname` in `new` are links of one file. Both names
-    /// were just looked up by the guest, so libcephfs answers from its cache.
-    fn same_file(
+    /// What a rename of `oldname` in `old` to `newname` in `new` would replace. Both names
+    /// were just looked up by the guest, so libcephfs answers from its cache (the link count
+    /// from the MDS if it lacks the caps that keep it current).
+    fn rename_target(
         &self,
         old: &Node,
         oldname: &CStr,
         new: &Node,
         newname: &CStr,
         perm: &ceph_client::UserPerm,
-    ) -> io::Result<bool> {
+    ) -> io::Result<RenameTarget> {
         let (_, from) = self
             .mount
             .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm)?;
-        match self
-            .mount
-            .lookup(&new.inode, newname, CEPH_STATX_INO, 0, perm)
-        {
-            Ok((_, to)) => Ok(vino_of(&from) == vino_of(&to)),
-            Err(e) if e.errno() == libc::ENOENT => Ok(false),
+        let want = CEPH_STATX_INO | CEPH_STATX_NLINK | CEPH_STATX_MODE;
+        match self.mount.lookup(&new.inode, newname, want, 0, perm) {
+            Ok(_) if old.vino.snapid != nodes::NOSNAP || new.vino.snapid != nodes::NOSNAP => {
+                Ok(RenameTarget::Other)
+            }
+            Ok((_, to)) if vino_of(&from) == vino_of(&to) => Ok(RenameTarget::Same),
+            Ok((_, to)) if kind_of(&to) != libc::S_IFDIR && to.stx_nlink > 1 => {
+                Ok(RenameTarget::LinkedFile)
+            }
+            Ok(_) => Ok(RenameTarget::Other),
+            Err(e) if e.errno() == libc::ENOENT => Ok(RenameTarget::None),
             Err(e) => Err(e.into()),
         }
     }
@@ -1436,11 +1462,21 @@ impl FileSystem for CephFs {
             // it before asking the filesystem, but a guest whose dentries are stale (another
             // client linked the names) sends it, and libcephfs then removed the source name
             // and lost track of the file's other names.
-            0 => {
-                if self.same_file(&old, oldname, &new, newname, &perm)? {
-                    return Ok(());
+            0 => match self.rename_target(&old, oldname, &new, newname, &perm)? {
+                RenameTarget::Same => return Ok(()),
+                // See `side`: through the main session, libcephfs would hide the other names.
+                RenameTarget::LinkedFile => {
+                    if let Some(r) =
+                        self.side
+                            .rename(old.vino.ino, oldname, new.vino.ino, newname, &perm)
+                    {
+                        r?;
+                        self.after_rename(&old, &new);
+                        return Ok(());
+                    }
                 }
-            }
+                RenameTarget::None | RenameTarget::Other => {}
+            },
             // libcephfs has no atomic "rename unless the target exists": check, then rename.
             // Another client creating the target between the two steps is not caught; within
             // one guest the kernel's directory locks serialise the two.

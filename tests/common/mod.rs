@@ -367,8 +367,19 @@ pub fn fs_layer(lab: &Lab, name: &str) -> ceph_virtiofsd::fs::CephFs {
         .and_then(|b| b.conf_read_file(Some(&lab.conf)))
         .and_then(|b| b.mount(&export))
         .unwrap();
-    let fs =
-        ceph_virtiofsd::fs::CephFs::new(mount, ceph_virtiofsd::fs::FsConfig::default()).unwrap();
+    let (client_id, conf) = (lab.client_id.clone(), lab.conf.clone());
+    let connect = move || {
+        MountBuilder::new(Some(&client_id))
+            .and_then(|b| b.conf_read_file(Some(&conf)))
+            .and_then(|b| b.mount(&export))
+    };
+    let cfg = ceph_virtiofsd::fs::FsConfig {
+        second_session: Some(ceph_virtiofsd::fs::side::Connector(std::sync::Arc::new(
+            connect,
+        ))),
+        ..Default::default()
+    };
+    let fs = ceph_virtiofsd::fs::CephFs::new(mount, cfg).unwrap();
     fs.init(
         fuse_backend_rs::abi::fuse_abi::FsOptions::HANDLE_KILLPRIV_V2
             | fuse_backend_rs::abi::fuse_abi::FsOptions::ASYNC_READ,

@@ -470,7 +470,7 @@ fn main() {
     // The injection point and what follows it come from their own stream, so the operations
     // before it are the same as without --inject.
     let mut irng = rng::Rng::new(a.seed ^ 0x1f3c_7a5b_d00d_beef);
-    let inject_at = if a.ops > 4 {
+    let mut inject_at = if a.ops > 4 {
         irng.range(a.ops / 4, a.ops / 2)
     } else {
         0
@@ -527,6 +527,14 @@ fn main() {
                     println!("fscheck: op #{i}: INJECTED fault ({kind}): {what}");
                     injected_at = Some(i);
                     history.push_back(format!("#{i} INJECT {kind}: {what}"));
+                    Ok(())
+                }
+                // Nothing to inject into yet (say, no non-empty file): try again a few
+                // operations later; a run that never gets there fails below.
+                Err(why) if i + 6 < a.ops => {
+                    println!("fscheck: op #{i}: could not inject {kind} yet ({why}): retrying");
+                    inject_at = i + 5;
+                    verify_at = None;
                     Ok(())
                 }
                 Err(why) => {
