@@ -401,6 +401,20 @@ fn hostile_snapshots_read_only_refuses_every_change_in_snap() {
         libc::EROFS
     );
     assert_eq!(errno(s.fs.unlink(&root, snap, &c("ops"))), libc::EROFS);
+    // Nor its attributes, nor a snapshot's.
+    // SAFETY: stat64 is plain integers; all-zero is valid.
+    let mut attr: stat64 = unsafe { std::mem::zeroed() };
+    attr.st_mode = 0o700;
+    for node in [snap, ops] {
+        assert_eq!(
+            errno(s.fs.setattr(&root, node, attr, None, SetattrValid::MODE)),
+            libc::EROFS
+        );
+        assert_eq!(
+            errno(s.fs.setxattr(&root, node, c"user.x", b"1", 0)),
+            libc::EROFS
+        );
+    }
     assert_eq!(snapshots(&s, &snapdir), ["ops"]);
 }
 
