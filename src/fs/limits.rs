@@ -174,4 +174,20 @@ mod tests {
         s.refused(Table::Handles, 10, "open");
         assert_eq!(s.refusals(), (3, 1));
     }
+
+    #[test]
+    fn hostile_mds_recalls_are_counted_and_only_recalls_are_taken() {
+        use ceph_client::CallbackHandler;
+        let h = RecallHandler;
+        assert!(!h.wants_invalidations());
+        let before = recalls();
+        let vino = ceph_client::Vino {
+            ino: 0x1000,
+            snapid: u64::MAX - 1,
+        };
+        for _ in 0..20 {
+            h.release_inode(vino);
+        }
+        assert!(recalls() >= before + 20);
+    }
 }

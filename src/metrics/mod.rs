@@ -761,6 +761,9 @@ mod tests {
             fn handle_count(&self) -> usize {
                 2
             }
+            fn limit_refusals(&self) -> (u64, u64) {
+                (3, 4)
+            }
         }
         let text = M.render(2, Some(&Fs), None);
         for line in [
@@ -784,6 +787,8 @@ mod tests {
             "ceph_virtiofsd_quarantine_denials_total 1",
             "ceph_virtiofsd_inodes 5",
             "ceph_virtiofsd_handles 2",
+            "ceph_virtiofsd_limit_refusals_total{table=\"nodes\"} 3",
+            "ceph_virtiofsd_limit_refusals_total{table=\"handles\"} 4",
             "ceph_virtiofsd_fuse_requests_stuck 2",
             "ceph_virtiofsd_fuse_slow_requests_total{op=\"WRITE\"} 1",
             "ceph_virtiofsd_fuse_slow_requests_total{op=\"UNKNOWN\"} 1",
