@@ -245,13 +245,15 @@ fn hostile_lookup_without_forget_stops_at_max_nodes() {
         errno(s.fs.mknod(&root, ROOT, &c("p"), libc::S_IFIFO | 0o644, 0, 0)),
         libc::ENFILE
     );
-    // Refused before anything was made (CREATE may open an existing file, so it cannot
-    // know before asking; a new file it made stays).
-    for n in ["d", "l", "p"] {
+    let r =
+        s.fs.create(&root, ROOT, &c("g"), create_in(libc::O_RDWR, 0o644, false));
+    assert_eq!(errno(r), libc::ENFILE);
+    // Refused before anything was made.
+    for n in ["d", "l", "p", "g"] {
         assert!(!s.exists(n), "{n} was created");
     }
     assert_eq!(s.fs.node_count(), 4);
-    assert!(s.fs.limit_refusals().0 >= 5);
+    assert!(s.fs.limit_refusals().0 >= 6);
     // FORGET makes room again.
     s.fs.forget(&root, held[1], 1);
     s.lookup(&root, ROOT, "f3").unwrap();

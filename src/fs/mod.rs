@@ -1578,8 +1578,9 @@ impl FileSystem for CephFs {
             | libc::O_DSYNC
             | libc::O_DIRECT) as u32;
         let oflags = (args.flags & keep) as i32 | libc::O_CREAT;
-        // A full handle table refuses the request before the file exists.
+        // A full table refuses the request before the file exists.
         self.handle_room("create")?;
+        self.node_room("create")?;
         let (inode, mut st, file) = self.mount.create(
             &parent.inode,
             name,
