@@ -546,13 +546,17 @@ impl CephFs {
         }
     }
 
-    /// Privileged xattrs: `trusted.*` (CAP_SYS_ADMIN on Linux) and `security.capability`
-    /// (CAP_SETFCAP) may be set or removed by CephFS root only. A guest's root whose uid
+    /// Privileged xattrs: `trusted.*` (CAP_SYS_ADMIN on Linux) may be set or removed, and
+    /// `security.capability` (CAP_SETFCAP) set, by CephFS root only. A guest's root whose uid
     /// --translate-uid maps or squashes to another CephFS uid has neither capability here;
     /// libcephfs itself lets any owner write them, and other clients honour file capabilities.
-    fn privileged_xattr(&self, name: &CStr, uid: u32) -> io::Result<()> {
+    /// Removing `security.capability` stays open to whoever may write the file: it takes a
+    /// privilege away, and it is what the guest kernel's own kill on write sends, with the
+    /// writer's credentials.
+    fn privileged_xattr(&self, name: &CStr, uid: u32, removing: bool) -> io::Result<()> {
         let n = name.to_bytes();
-        if uid != 0 && (n.starts_with(b"trusted.") || n == b"security.capability") {
+        let caps = n == b"security.capability" && !removing;
+        if uid != 0 && (n.starts_with(b"trusted.") || caps) {
             return Err(errno(libc::EPERM));
         }
         Ok(())
@@ -1775,7 +1779,7 @@ impl FileSystem for CephFs {
             XattrAccess::Full => {}
             XattrAccess::ReadOnly | XattrAccess::Hidden => return Err(errno(libc::EPERM)),
         }
-        self.privileged_xattr(name, ctx.uid)?;
+        self.privileged_xattr(name, ctx.uid, false)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(errno(libc::E2BIG));
         }
@@ -1838,7 +1842,7 @@ impl FileSystem for CephFs {
             XattrAccess::ReadOnly => return Err(errno(libc::EPERM)),
             XattrAccess::Hidden => return Err(errno(libc::ENODATA)),
         }
-        self.privileged_xattr(name, ctx.uid)?;
+        self.privileged_xattr(name, ctx.uid, true)?;
         let node = self.node_op(inode, "removexattr", ctx)?;
         match self.mount.removexattr(&node.inode, name, &self.perm(ctx)) {
             // libcephfs says ENOENT for a name the inode does not carry (when it carries
