@@ -23,6 +23,20 @@ pub enum CacheMode {
     Metadata,
 }
 
+/// What the guest may do with CephFS snapshots (`.snap` directories).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Snapshots {
+    /// List and read snapshots; creating, renaming or removing them fails with EROFS (the
+    /// default).
+    ReadOnly,
+    /// Create, rename and remove snapshots (mkdir/rmdir in .snap), as the client id's caps
+    /// allow.
+    ReadWrite,
+    /// No .snap directory at all: its lookup fails with ENOENT.
+    Hidden,
+}
+
 /// An on/off switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -187,6 +201,26 @@ pub struct Args {
     /// Disable extended attributes.
     #[arg(long)]
     pub no_xattr: bool,
+
+    // ---- per-guest limits and policy ----
+    /// Most inodes the guest may hold at once (looked up and not yet forgotten); each pins a
+    /// libcephfs inode and its MDS caps. A lookup beyond it fails with ENFILE. Default: 500000.
+    #[arg(long, value_name = "N")]
+    pub max_nodes: Option<usize>,
+
+    /// Most files and directories the guest may hold open at once. An open beyond it fails
+    /// with ENFILE. Default: 100000.
+    #[arg(long, value_name = "N")]
+    pub max_handles: Option<usize>,
+
+    /// Snapshot policy: read-only (the default), read-write or hidden.
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub snapshots: Option<Snapshots>,
+
+    /// Let the guest create character and block device nodes (refused with EPERM by default:
+    /// other clients mounting CephFS without nodev would honour them).
+    #[arg(long)]
+    pub allow_device_nodes: bool,
 
     // ---- logging ----
     /// Log level (RUST_LOG, when set, overrides it).

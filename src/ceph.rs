@@ -37,6 +37,15 @@ pub struct CephAccess {
 impl CephAccess {
     /// Connect and mount `root`. All `ceph_conf_*` work happens here, before the mount exists.
     pub fn mount(&self, root: &str) -> Result<Mount, CephError> {
+        self.mount_with(root, None)
+    }
+
+    /// [`Self::mount`], with libcephfs callbacks going to `handler`.
+    pub fn mount_with(
+        &self,
+        root: &str,
+        handler: Option<Box<dyn ceph_client::CallbackHandler>>,
+    ) -> Result<Mount, CephError> {
         let mut b =
             MountBuilder::new(self.client_id.as_deref())?.conf_read_file(self.conf.as_deref())?;
         // Only where the file asked for no logging to disk: a file that sets a level keeps it.
@@ -59,6 +68,9 @@ impl CephAccess {
         }
         if let Some(n) = &self.fs_name {
             b = b.select_filesystem(n)?;
+        }
+        if let Some(h) = handler {
+            b = b.register_callbacks(h);
         }
         b.mount(root)
     }

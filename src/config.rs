@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::args::{Args, CacheMode, LogLevel, SeccompMode};
+use crate::args::{Args, CacheMode, LogLevel, SeccompMode, Snapshots};
 use crate::fs::idmap::{IdMapError, IdMapping, Rule};
 use crate::sandbox::{SandboxConfig, SandboxError};
 
@@ -111,6 +111,8 @@ pub struct Config {
     pub keep_serving: bool,
     pub cache: CacheMode,
     pub xattr: bool,
+    /// Per-guest limits and policy of the filesystem layer.
+    pub guest: GuestLimits,
     pub log: LogConfig,
     pub ceph: CephConfig,
     /// Privilege drop and seccomp, applied once the socket is open and CephFS is mounted.
@@ -123,6 +125,16 @@ pub struct Config {
     pub metrics: Option<MetricsConfig>,
     /// Subvolume quarantine enforcement.
     pub quarantine: crate::quarantine::QuarantineConfig,
+}
+
+/// What one guest may pin and do (`--max-nodes`, `--max-handles`, `--snapshots`,
+/// `--allow-device-nodes`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestLimits {
+    pub max_nodes: usize,
+    pub max_handles: usize,
+    pub snapshots: Snapshots,
+    pub allow_device_nodes: bool,
 }
 
 /// Where metrics are served and where libcephfs's admin socket (for MDS health) is.
@@ -182,6 +194,8 @@ pub enum ConfigError {
     BadQuarantinePath(String),
     #[error("Quarantine propagation bound must be at least 40 ms (the default is 1000)")]
     BadQuarantinePropagation,
+    #[error("{0} must be at least 1 (the default is {1})")]
+    BadLimit(&'static str, usize),
 }
 
 /// The TOML file layout. Every key is optional; see config/ceph-virtiofsd.toml.
@@ -292,6 +306,10 @@ pub struct FileVhostUser {
 pub struct FileFuse {
     pub cache: Option<CacheMode>,
     pub xattr: Option<bool>,
+    pub max_nodes: Option<usize>,
+    pub max_handles: Option<usize>,
+    pub snapshots: Option<Snapshots>,
+    pub allow_device_nodes: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -589,6 +607,34 @@ impl Config {
             .or(file.fuse.cache)
             .unwrap_or(CacheMode::Auto);
 
+        let limit = |cli: Option<usize>, file: Option<usize>, name, default| match cli
+            .or(file)
+            .unwrap_or(default)
+        {
+            0 => Err(ConfigError::BadLimit(name, default)),
+            n => Ok(n),
+        };
+        let guest = GuestLimits {
+            max_nodes: limit(
+                args.max_nodes,
+                file.fuse.max_nodes,
+                "--max-nodes",
+                crate::fs::limits::DEFAULT_MAX_NODES,
+            )?,
+            max_handles: limit(
+                args.max_handles,
+                file.fuse.max_handles,
+                "--max-handles",
+                crate::fs::limits::DEFAULT_MAX_HANDLES,
+            )?,
+            snapshots: args
+                .snapshots
+                .or(file.fuse.snapshots)
+                .unwrap_or(Snapshots::ReadOnly),
+            allow_device_nodes: args.allow_device_nodes
+                || file.fuse.allow_device_nodes.unwrap_or(false),
+        };
+
         let cli_level = args.log_level.or(args.debug.then_some(LogLevel::Debug));
         let log = LogConfig {
             level: cli_level.or(file.log.level).unwrap_or(LogLevel::Info),
@@ -675,6 +721,7 @@ impl Config {
             keep_serving: args.keep_serving || file.vhost_user.keep_serving.unwrap_or(false),
             cache,
             xattr,
+            guest,
             log,
             ceph: CephConfig {
                 conf: args.cluster.ceph_conf.or(file.ceph.conf),
@@ -712,6 +759,49 @@ mod tests {
         // must mount and be quarantined as /volumes/_nogroup/sv1.
         let c = parse(&["--fd", "3", "--ceph-root", "/volumes//_nogroup/./sv1/"]).unwrap();
         assert_eq!(c.ceph.root, "/volumes/_nogroup/sv1");
+    }
+
+    #[test]
+    fn hostile_guest_limits_merge_and_validate() {
+        let c = parse(&["--socket-path", "/tmp/s"]).unwrap();
+        assert_eq!(
+            c.guest,
+            GuestLimits {
+                max_nodes: crate::fs::limits::DEFAULT_MAX_NODES,
+                max_handles: crate::fs::limits::DEFAULT_MAX_HANDLES,
+                snapshots: Snapshots::ReadOnly,
+                allow_device_nodes: false,
+            }
+        );
+        let file: FileConfig = toml::from_str(
+            "[fuse]\nmax-nodes = 10\nmax-handles = 20\nsnapshots = \"hidden\"\nallow-device-nodes = true\n",
+        )
+        .unwrap();
+        let args = Args::try_parse_from([
+            "ceph-virtiofsd",
+            "--socket-path",
+            "/tmp/s",
+            "--max-nodes",
+            "30",
+            "--snapshots",
+            "read-write",
+        ])
+        .unwrap();
+        let c = Config::merge(args, file).unwrap();
+        assert_eq!(
+            c.guest,
+            GuestLimits {
+                max_nodes: 30,
+                max_handles: 20,
+                snapshots: Snapshots::ReadWrite,
+                allow_device_nodes: true,
+            }
+        );
+        for bad in [["--max-nodes", "0"], ["--max-handles", "0"]] {
+            let mut argv = vec!["--socket-path", "/tmp/s"];
+            argv.extend(bad);
+            assert!(matches!(parse(&argv), Err(ConfigError::BadLimit(..))));
+        }
     }
 
     #[test]

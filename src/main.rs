@@ -8,7 +8,7 @@ use tracing::{error, info, warn};
 
 use std::sync::Arc;
 
-use ceph_virtiofsd::args::{Args, CacheMode};
+use ceph_virtiofsd::args::{Args, CacheMode, Snapshots};
 use ceph_virtiofsd::ceph::CephAccess;
 use ceph_virtiofsd::config::Config;
 use ceph_virtiofsd::daemon;
@@ -52,6 +52,14 @@ fn fs_config(config: &Config) -> FsConfig {
             CacheMode::Always => fs::CacheMode::Always,
         },
         xattr: config.xattr,
+        max_nodes: config.guest.max_nodes,
+        max_handles: config.guest.max_handles,
+        snapshots: match config.guest.snapshots {
+            Snapshots::ReadOnly => fs::SnapshotPolicy::ReadOnly,
+            Snapshots::ReadWrite => fs::SnapshotPolicy::ReadWrite,
+            Snapshots::Hidden => fs::SnapshotPolicy::Hidden,
+        },
+        allow_device_nodes: config.guest.allow_device_nodes,
         second_session: Some(fs::side::Connector({
             let access = CephAccess::from(&config.ceph);
             let root = config.ceph.root.clone();
@@ -64,8 +72,10 @@ fn fs_config(config: &Config) -> FsConfig {
 fn run(config: &Config) -> Result<(), RunError> {
     let root = config.ceph.root.clone();
     info!(root = %root, "mounting CephFS");
+    // The MDS's cache-pressure recalls are counted and logged (see fs::limits).
+    let recalls: Box<dyn ceph_client::CallbackHandler> = Box::new(fs::limits::RecallHandler);
     let mount = CephAccess::from(&config.ceph)
-        .mount(&config.ceph.root)
+        .mount_with(&config.ceph.root, Some(recalls))
         .map_err(|source| RunError::Mount {
             root: root.clone(),
             source,

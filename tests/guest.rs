@@ -85,7 +85,8 @@ fn guest_suite_and_data_seen_by_another_client() {
     write_file(&ceph, &export, "from-host.bin", &pattern(7, 2 << 20));
 
     let work = lab.scratch(&name);
-    let mut daemon = Daemon::start(&lab, &work, &export, &[]);
+    // The suite checks device nodes too, which the operator must allow.
+    let mut daemon = Daemon::start(&lab, &work, &export, &["--allow-device-nodes"]);
     let script = "#!/bin/sh\n\
         rc=0\n\
         /opt/bin/fs-suite /mnt || rc=1\n\
@@ -137,7 +138,8 @@ fn guest_pjdfstest() {
     let name = format!("guest-pjdfstest-{}", std::process::id());
     let export = lab.export_dir(&name);
     let work = lab.scratch(&name);
-    let _daemon = Daemon::start(&lab, &work, &export, &[]);
+    // pjdfstest makes device nodes of every kind, which the operator must allow.
+    let _daemon = Daemon::start(&lab, &work, &export, &["--allow-device-nodes"]);
     let script = std::fs::read_to_string(lab.guest_bin.join("pjdfstest.sh")).unwrap();
     let adds = [
         (pjd, "/opt/bin/pjdfstest"),

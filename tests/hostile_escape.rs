@@ -133,7 +133,12 @@ fn setup(lab: &Lab, tag: &str) -> Setup {
         .and_then(|b| b.conf_read_file(Some(&lab.conf)))
         .and_then(|b| b.mount(&export))
         .unwrap();
-    let fs = CephFs::new(mount, FsConfig::default()).unwrap();
+    // The guest makes snapshots itself here: the most it may do (`--snapshots read-write`).
+    let cfg = FsConfig {
+        snapshots: ceph_virtiofsd::fs::SnapshotPolicy::ReadWrite,
+        ..FsConfig::default()
+    };
+    let fs = CephFs::new(mount, cfg).unwrap();
     fs.init(FsOptions::ASYNC_READ).unwrap();
     let oracle = Oracle::new(m, &export);
     Setup { fs, oracle, top }

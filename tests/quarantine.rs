@@ -50,7 +50,11 @@ fn daemon(lab: &Lab, root: &str, q: Option<QuarantineConfig>, asok: Option<&Path
         b = b.conf_set("admin_socket", &a.to_string_lossy()).unwrap();
     }
     let mount = b.mount(root).unwrap();
-    let mut cfg = FsConfig::default();
+    // The tests make snapshots through the filesystem layer (read-only by default).
+    let mut cfg = FsConfig {
+        snapshots: ceph_virtiofsd::fs::SnapshotPolicy::ReadWrite,
+        ..FsConfig::default()
+    };
     let mut watcher = None;
     if let Some(q) = q {
         let (gate, w) = quarantine::start(access(lab, Vec::new()), q.clone(), root).unwrap();

@@ -152,7 +152,14 @@ fn guest_suite_passes_with_the_daemon_unprivileged_under_seccomp_kill() {
         &lab,
         &work,
         &export,
-        &["--user", "nobody", "--seccomp", "kill"],
+        // The suite checks device nodes too, which the operator must allow.
+        &[
+            "--user",
+            "nobody",
+            "--seccomp",
+            "kill",
+            "--allow-device-nodes",
+        ],
     );
     let pid = daemon.pid();
 

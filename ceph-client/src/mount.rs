@@ -47,6 +47,12 @@ pub trait CallbackHandler: Send + Sync {
     fn invalidate_dentry(&self, _dir: Vino, _ino: Vino, _name: &[u8]) {}
     /// The MDS wants the client to shrink its cache: release references to `vino` if possible.
     fn release_inode(&self, _vino: Vino) {}
+    /// Whether to register the invalidation callbacks (`invalidate_inode`,
+    /// `invalidate_dentry`). Registered, libcephfs queues one call on its invalidator threads
+    /// for every cap revoke; a handler that only takes [`Self::release_inode`] says no.
+    fn wants_invalidations(&self) -> bool {
+        true
+    }
 }
 
 type HandlerBox = Box<dyn CallbackHandler>;
@@ -252,10 +258,11 @@ impl MountBuilder {
         check("ceph_init", unsafe { sys::ceph_init(cm) })?;
         if let Some(cb) = inner._callbacks.as_ref() {
             let handle: *const HandlerBox = &**cb;
+            let inval = cb.wants_invalidations();
             let mut args = sys::ceph_client_callback_args {
                 handle: handle as *mut libc::c_void,
-                ino_cb: Some(ino_cb),
-                dentry_cb: Some(dentry_cb),
+                ino_cb: if inval { Some(ino_cb) } else { None },
+                dentry_cb: if inval { Some(dentry_cb) } else { None },
                 switch_intr_cb: None,
                 remount_cb: None,
                 umask_cb: None,

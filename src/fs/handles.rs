@@ -8,7 +8,7 @@
 //! on different handles do not serialise on one lock.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
 const SHARDS: u64 = 64;
@@ -17,6 +17,11 @@ const SHARDS: u64 = 64;
 pub struct HandleTable<H> {
     shards: Vec<RwLock<HashMap<u64, Arc<Entry<H>>>>>,
     next: AtomicU64,
+    /// Handles in the table.
+    count: AtomicUsize,
+    /// Most handles the table holds; an insert beyond it fails with ENFILE. `usize::MAX`: no
+    /// limit.
+    max: AtomicUsize,
 }
 
 /// One open handle and the node it was opened on.
@@ -33,6 +38,8 @@ impl<H> Default for HandleTable<H> {
         HandleTable {
             shards,
             next: AtomicU64::new(session_base()),
+            count: AtomicUsize::new(0),
+            max: AtomicUsize::new(usize::MAX),
         }
     }
 }
@@ -63,13 +70,29 @@ impl<H> HandleTable<H> {
         &self.shards[(fh % SHARDS) as usize]
     }
 
-    pub fn insert(&self, node: u64, handle: H) -> u64 {
+    /// Limit the table to `max` handles.
+    pub fn set_limit(&self, max: usize) {
+        self.max.store(max, Ordering::Relaxed);
+    }
+
+    /// Whether one more handle fits under the limit now (a hint for callers that would
+    /// otherwise do irreversible work first; [`Self::insert`] enforces the limit).
+    pub fn has_room(&self) -> bool {
+        self.count.load(Ordering::Relaxed) < self.max.load(Ordering::Relaxed)
+    }
+
+    /// Enter a new handle; ENFILE (and `handle` dropped) when the table is full.
+    pub fn insert(&self, node: u64, handle: H) -> Result<u64, i32> {
+        if self.count.fetch_add(1, Ordering::Relaxed) >= self.max.load(Ordering::Relaxed) {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            return Err(libc::ENFILE);
+        }
         let fh = self.next.fetch_add(1, Ordering::Relaxed);
         self.shard(fh)
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(fh, Arc::new(Entry { node, handle }));
-        fh
+        Ok(fh)
     }
 
     /// The handle `fh`, if it exists and was opened on `node`; EBADF otherwise.
@@ -89,7 +112,11 @@ impl<H> HandleTable<H> {
     pub fn remove(&self, node: u64, fh: u64) -> Result<Arc<Entry<H>>, i32> {
         let mut shard = self.shard(fh).write().unwrap_or_else(|e| e.into_inner());
         match shard.get(&fh) {
-            Some(e) if e.node == node => Ok(shard.remove(&fh).ok_or(libc::EBADF)?),
+            Some(e) if e.node == node => {
+                let e = shard.remove(&fh).ok_or(libc::EBADF)?;
+                self.count.fetch_sub(1, Ordering::Relaxed);
+                Ok(e)
+            }
             _ => Err(libc::EBADF),
         }
     }
@@ -118,6 +145,7 @@ impl<H> HandleTable<H> {
                     .map(|(_, e)| e),
             );
         }
+        self.count.store(0, Ordering::Relaxed);
         drop(dropped);
     }
 }
@@ -129,7 +157,7 @@ mod tests {
     #[test]
     fn handles_are_checked_against_their_node() {
         let t = HandleTable::default();
-        let fh = t.insert(7, "file");
+        let fh = t.insert(7, "file").unwrap();
         assert_ne!(fh, 0);
         assert_eq!(t.get(7, fh).unwrap().handle, "file");
         assert_eq!(t.get(8, fh).unwrap_err(), libc::EBADF);
@@ -145,14 +173,14 @@ mod tests {
     #[test]
     fn hostile_handle_numbers_are_not_predictable_across_sessions() {
         let t = HandleTable::default();
-        let first = t.insert(1, ());
-        let last = t.insert(1, ());
+        let first = t.insert(1, ()).unwrap();
+        let last = t.insert(1, ()).unwrap();
         t.clear();
-        let next_session = t.insert(1, ());
+        let next_session = t.insert(1, ()).unwrap();
         assert_ne!(next_session, last + 1);
         assert_ne!(next_session, first);
         assert_eq!(t.get(1, last).unwrap_err(), libc::EBADF);
-        let other = HandleTable::default().insert(1, ());
+        let other = HandleTable::default().insert(1, ()).unwrap();
         assert_ne!(other, first);
         assert_ne!(other, 1);
         for fh in [first, last, next_session, other] {
@@ -163,11 +191,31 @@ mod tests {
     #[test]
     fn handles_are_unique() {
         let t = HandleTable::default();
-        let a = t.insert(1, ());
-        let b = t.insert(1, ());
+        let a = t.insert(1, ()).unwrap();
+        let b = t.insert(1, ()).unwrap();
         assert_ne!(a, b);
         assert_eq!(t.len(), 2);
         t.clear();
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn hostile_handle_limit_is_enforced_and_released() {
+        let t = HandleTable::default();
+        t.set_limit(2);
+        let a = t.insert(1, ()).unwrap();
+        t.insert(1, ()).unwrap();
+        assert!(!t.has_room());
+        assert_eq!(t.insert(1, ()).unwrap_err(), libc::ENFILE);
+        assert_eq!(t.len(), 2);
+        // A wrong node or a second release frees nothing.
+        assert!(t.remove(2, a).is_err());
+        assert!(t.insert(1, ()).is_err());
+        t.remove(1, a).unwrap();
+        assert!(t.remove(1, a).is_err());
+        t.insert(1, ()).unwrap();
+        assert!(t.insert(1, ()).is_err());
+        t.clear();
+        assert!(t.has_room());
     }
 }

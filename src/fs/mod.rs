@@ -14,6 +14,7 @@ pub mod cached;
 pub mod handles;
 pub mod idmap;
 pub mod killpriv;
+pub mod limits;
 pub mod names;
 pub mod nodes;
 pub mod perms;
@@ -28,9 +29,9 @@ use std::time::Duration;
 
 use ceph_client::{
     Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_ATIME_NOW, CEPH_SETATTR_CTIME,
-    CEPH_SETATTR_GID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME, CEPH_SETATTR_MTIME_NOW,
-    CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR, CEPH_STATX_BASIC_STATS, CEPH_STATX_INO,
-    CEPH_STATX_MODE, CEPH_STATX_NLINK, CEPH_STATX_UID,
+    CEPH_SETATTR_GID, CEPH_SETATTR_KILL_SGUID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME,
+    CEPH_SETATTR_MTIME_NOW, CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR,
+    CEPH_STATX_BASIC_STATS, CEPH_STATX_INO, CEPH_STATX_MODE, CEPH_STATX_NLINK, CEPH_STATX_UID,
 };
 use fuse_backend_rs::abi::fuse_abi::{
     stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, FOPEN_IN_KILL_SUIDGID,
@@ -45,6 +46,7 @@ use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 
 use handles::HandleTable;
 use killpriv::{Kill, Trigger};
+use limits::{LimitStats, Table};
 use names::{Use, XattrAccess};
 use nodes::{NewNode, NodeTable, Vino, NOSNAP, ROOT_ID};
 
@@ -52,7 +54,7 @@ type Link = nodes::Link<Inode>;
 use perms::PermCache;
 use policy::{CachePolicy, NodeClass};
 
-pub use policy::CacheMode;
+pub use policy::{CacheMode, SnapshotPolicy};
 
 /// The largest xattr value Linux lets through (XATTR_SIZE_MAX).
 const XATTR_SIZE_MAX: usize = 65536;
@@ -154,6 +156,14 @@ pub struct FsConfig {
     pub allow_ceph_xattr_set: bool,
     /// Quarantine gate (None = quarantine support off). See [`crate::quarantine`].
     pub quarantine: Option<Arc<crate::quarantine::Gate>>,
+    /// Most nodes the guest may hold (see [`limits`]).
+    pub max_nodes: usize,
+    /// Most open handles the guest may hold (see [`limits`]).
+    pub max_handles: usize,
+    /// What the guest may do in `.snap` directories.
+    pub snapshots: SnapshotPolicy,
+    /// Let MKNOD create character and block device nodes.
+    pub allow_device_nodes: bool,
     /// How to open another session, for renames over hard links ([`side`]); without it they
     /// go through the main session, and libcephfs may then hide the file's other names.
     pub second_session: Option<side::Connector>,
@@ -169,6 +179,10 @@ impl Default for FsConfig {
             xattr: true,
             allow_ceph_xattr_set: false,
             quarantine: None,
+            max_nodes: limits::DEFAULT_MAX_NODES,
+            max_handles: limits::DEFAULT_MAX_HANDLES,
+            snapshots: SnapshotPolicy::default(),
+            allow_device_nodes: false,
             second_session: None,
         }
     }
@@ -187,6 +201,8 @@ pub struct CephFs {
     killpriv: AtomicBool,
     /// Inodes whose data libcephfs's object cache may hold.
     cached: cached::CachedInodes,
+    /// Refusals at the node and handle limits.
+    limits: LimitStats,
     /// Short second sessions, for renames over hard links.
     side: side::SideClient,
 }
@@ -377,17 +393,26 @@ impl CephFs {
             link: None,
             inode: root,
         });
+        nodes.set_limit(cfg.max_nodes);
+        let handles = HandleTable::default();
+        handles.set_limit(cfg.max_handles);
         Ok(CephFs {
             side: side::SideClient::new(cfg.second_session.clone()),
             mount,
             nodes,
-            handles: HandleTable::default(),
+            handles,
             perms,
             policy: CachePolicy::new(cfg.cache, cfg.auto_ttl, cfg.revocable_ttl),
             cfg,
             killpriv: AtomicBool::new(false),
             cached: cached::CachedInodes::default(),
+            limits: LimitStats::default(),
         })
+    }
+
+    /// Requests refused at the limits so far: (nodes, handles).
+    pub fn limit_refusals(&self) -> (u64, u64) {
+        self.limits.refusals()
     }
 
     /// Node table size (for metrics and tests).
@@ -633,12 +658,14 @@ impl CephFs {
     /// The inode must be what a child of `parent` can be ([`is_child`]), so a node handed to
     /// the guest never names an inode above the one it came from. With `gate`, a child in a
     /// denied domain is refused (its reference released, nothing enters the table).
+    /// `op` names the request for the node limit's accounting ([`Self::insert_node`]).
     fn child_entry(
         &self,
         parent: &Arc<Node>,
         name: &[u8],
         inode: Inode,
         st: &Statx,
+        op: &'static str,
         gate: Option<(&'static str, u32)>,
     ) -> io::Result<Entry> {
         let vino = vino_of(st);
@@ -655,30 +682,115 @@ impl CephFs {
         if let Some((op, uid)) = gate {
             self.gate(domain.0, op, uid)?;
         }
-        let node = self.nodes.insert(NewNode {
-            vino,
-            kind: kind_of(st),
-            domain,
-            link: Some(Link {
-                parent: parent.clone(),
-                name: CString::new(name).map_err(|_| errno(libc::EINVAL))?,
-            }),
-            inode,
-        });
+        let node = self.insert_node(
+            NewNode {
+                vino,
+                kind: kind_of(st),
+                domain,
+                link: Some(Link {
+                    parent: parent.clone(),
+                    name: CString::new(name).map_err(|_| errno(libc::EINVAL))?,
+                }),
+                inode,
+            },
+            op,
+        )?;
         Ok(self.entry_for(&node, st))
     }
 
     /// One more lookup of a node the guest may hold already (".", "..", LINK): the same node
     /// if it is still in the table, else the same inode entered again with its parent.
     fn same_entry(&self, node: &Arc<Node>, st: &Statx) -> io::Result<Entry> {
-        let n = self.nodes.insert(NewNode {
-            vino: node.vino,
-            kind: node.kind,
-            domain: self.domain_stamp(node),
-            link: node.link(),
-            inode: node.inode.try_clone()?,
-        });
+        let n = self.insert_node(
+            NewNode {
+                vino: node.vino,
+                kind: node.kind,
+                domain: self.domain_stamp(node),
+                link: node.link(),
+                inode: node.inode.try_clone()?,
+            },
+            "lookup",
+        )?;
         Ok(self.entry_for(&n, st))
+    }
+
+    /// Enter a node; ENFILE, counted, when the guest holds `--max-nodes` nodes and this
+    /// would be a new one.
+    fn insert_node(&self, new: NewNode<Inode>, op: &'static str) -> io::Result<Arc<Node>> {
+        self.nodes.insert(new).map_err(|e| {
+            self.limits.refused(Table::Nodes, self.cfg.max_nodes, op);
+            errno(e)
+        })
+    }
+
+    /// Enter an open handle; ENFILE at `--max-handles`.
+    fn new_handle(&self, node: u64, h: Handle, op: &'static str) -> io::Result<u64> {
+        self.handles.insert(node, h).map_err(|e| {
+            self.limits
+                .refused(Table::Handles, self.cfg.max_handles, op);
+            errno(e)
+        })
+    }
+
+    /// ENFILE, counted, when the handle table is full: checked before work that cannot be
+    /// undone (creating a file) so that a full table refuses the request cleanly.
+    fn handle_room(&self, op: &'static str) -> io::Result<()> {
+        if self.handles.has_room() {
+            return Ok(());
+        }
+        self.limits
+            .refused(Table::Handles, self.cfg.max_handles, op);
+        Err(errno(libc::ENFILE))
+    }
+
+    /// ENFILE, counted, when the node table is full, before a request creates something that
+    /// would need a new node (a new inode always does), so that it is refused cleanly.
+    fn node_room(&self, op: &'static str) -> io::Result<()> {
+        if self.nodes.has_room() {
+            return Ok(());
+        }
+        self.limits.refused(Table::Nodes, self.cfg.max_nodes, op);
+        Err(errno(libc::ENFILE))
+    }
+
+    /// Snapshot policy: EROFS for a namespace change in a `.snap` directory unless the guest
+    /// may manage snapshots.
+    fn snapdir_change(&self, dir: &Node) -> io::Result<()> {
+        if dir.vino.snapid == CEPH_SNAPDIR && !self.cfg.snapshots.writable() {
+            return Err(errno(libc::EROFS));
+        }
+        Ok(())
+    }
+
+    /// Snapshot policy `hidden`: an entry that is a `.snap` directory does not exist (its
+    /// lookup count is given back).
+    fn snapdir_visible(&self, e: Entry) -> io::Result<Entry> {
+        if self.cfg.snapshots.visible() || e.inode == 0 {
+            return Ok(e);
+        }
+        match self.nodes.get(e.inode) {
+            Some(n) if n.vino.snapid == CEPH_SNAPDIR => {
+                self.nodes.forget(e.inode, 1);
+                Err(errno(libc::ENOENT))
+            }
+            _ => Ok(e),
+        }
+    }
+
+    /// Privileged xattrs: `trusted.*` (CAP_SYS_ADMIN on Linux) may be set or removed, and
+    /// `security.capability` (CAP_SETFCAP) set, by CephFS root only. A guest's root whose uid
+    /// --translate-uid maps or squashes to another CephFS uid has neither capability here;
+    /// libcephfs itself lets any owner write them, and other clients honour file capabilities.
+    /// Removing `security.capability` stays open to whoever may write the file: it takes a
+    /// privilege away, and it is what the guest kernel's own kill on write sends, with the
+    /// writer's credentials.
+    fn privileged_xattr(&self, name: &CStr, uid: u32, removing: bool) -> io::Result<()> {
+        let n = name.to_bytes();
+        let caps = n == b"security.capability" && !removing;
+        if uid != 0 && (n.starts_with(b"trusted.") || caps) {
+            return Err(errno(libc::EPERM));
+        }
+        Ok(())
     }
 
     fn entry_for(&self, node: &Node, st: &Statx) -> Entry {
@@ -710,10 +822,14 @@ impl CephFs {
     }
 
     /// Whether the inode carries `security.capability`. libcephfs answers from its xattr cache
-    /// while it holds the Xs cap, so this is normally no MDS request.
-    fn has_caps(&self, node: &Node, perm: &ceph_client::UserPerm) -> bool {
+    /// while it holds the Xs cap, so this is normally no MDS request. Asked as root: the
+    /// answer must not depend on whether the caller may read the file's xattrs.
+    fn has_caps(&self, node: &Node, _perm: &ceph_client::UserPerm) -> bool {
         let name = c"security.capability";
-        match self.mount.getxattr(&node.inode, name, &mut [], perm) {
+        match self
+            .mount
+            .getxattr(&node.inode, name, &mut [], &self.perms.get(0, 0))
+        {
             Ok(_) => true,
             Err(e) => e.errno() != libc::ENODATA,
         }
@@ -721,15 +837,39 @@ impl CephFs {
 
     /// Clear what `kill` says, as the root of the filesystem would (the guest already decided the
     /// caller may do the operation that triggers it).
+    ///
+    /// The setuid/setgid bits go with CEPH_SETATTR_KILL_SGUID, not by writing back a mode: the
+    /// MDS (or libcephfs under the exclusive auth cap) clears them from the mode the inode has
+    /// when the change is applied, so a chmod by anyone between our read and this call stands.
+    /// It clears both bits of a file with any execute bit, a little more than Linux (which
+    /// keeps setgid without group-execute: a mandatory-locking marker, not a privilege).
     fn apply_kill(&self, node: &Node, kill: Kill) -> io::Result<()> {
         let root = self.perms.get(0, 0);
-        if let Some(mode) = kill.new_mode {
-            let st = Statx {
-                stx_mode: (mode & 0o7777) as u16,
-                ..Default::default()
-            };
-            self.mount
-                .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?;
+        if kill.new_mode.is_some() {
+            // Read again here, not at the decision: the fallback below then has the shortest
+            // window it can have (libcephfs answers under the As cap, no MDS request).
+            let cur = u32::from(
+                self.mount
+                    .getattr(&node.inode, CEPH_STATX_MODE, 0, &root)?
+                    .stx_mode,
+            );
+            if cur & 0o111 != 0 {
+                self.mount.setattr(
+                    &node.inode,
+                    &Statx::default(),
+                    CEPH_SETATTR_KILL_SGUID,
+                    &root,
+                )?;
+            } else if let Some(m) = killpriv::kill_suidgid(cur) {
+                // Without any execute bit the MDS leaves setuid alone; Linux clears it (a later
+                // chmod +x must not make a setuid program of what another user wrote).
+                let st = Statx {
+                    stx_mode: (m & 0o7777) as u16,
+                    ..Default::default()
+                };
+                self.mount
+                    .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?;
+            }
         }
         if kill.remove_caps {
             match self
@@ -737,7 +877,8 @@ impl CephFs {
                 .removexattr(&node.inode, c"security.capability", &root)
             {
                 Ok(()) => {}
-                Err(e) if e.errno() == libc::ENODATA => {}
+                // Gone already (libcephfs says ENOENT when the inode carries other xattrs).
+                Err(e) if e.errno() == libc::ENODATA || e.errno() == libc::ENOENT => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -776,6 +917,52 @@ impl CephFs {
         self.apply_kill(node, kill)
     }
 
+    /// After a size or owner change: give the setuid/setgid bits the state Linux leaves
+    /// (`want`, decided on the mode `before` read ahead of the change), where the MDS's rule
+    /// left them otherwise. Only while the other mode bits are still those of `before`: a chmod
+    /// by anyone since then stands as it is (with the special bits as the MDS left them).
+    /// Re-read just before the change, as root (libcephfs answers under the As cap).
+    fn put_special_bits(&self, node: &Node, before: u32, want: u32) -> io::Result<()> {
+        let root = self.perms.get(0, 0);
+        let now = u32::from(
+            self.mount
+                .getattr(&node.inode, CEPH_STATX_MODE, 0, &root)?
+                .stx_mode,
+        );
+        let Some(mode) = special_bits_after(before, now, want) else {
+            return Ok(());
+        };
+        let st = Statx {
+            stx_mode: mode as u16,
+            ..Default::default()
+        };
+        Ok(self
+            .mount
+            .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?)
+    }
+
+    /// The O_TRUNC of an OPEN or CREATE, done after the open: write permission checked (open(2)
+    /// wants it whatever the access mode), then privileges killed (SB_NOSEC), then the data
+    /// dropped (`truncate`), so that no moment has the new contents under the old privileges
+    /// and a failed kill leaves the data as it was.
+    fn open_truncate(
+        &self,
+        node: &Node,
+        oflags: i32,
+        flagged: bool,
+        truncate: bool,
+        perm: &ceph_client::UserPerm,
+    ) -> io::Result<()> {
+        if oflags & libc::O_ACCMODE == libc::O_RDONLY {
+            drop(self.mount.open(&node.inode, libc::O_WRONLY, perm)?);
+        }
+        self.kill_privs(node, Trigger::Truncate, flagged, perm)?;
+        if truncate {
+            self.mount.truncate_to_zero(&node.inode, perm)?;
+        }
+        Ok(())
+    }
+
     /// Whether a setattr libcephfs refused with EPERM is one Linux allows, to be redone with
     /// root credentials (`Ok(false)`: the EPERM stands), decided on the inode's current
     /// attributes. The one case:
@@ -793,7 +980,11 @@ impl CephFs {
         perm: &ceph_client::UserPerm,
     ) -> io::Result<bool> {
         let cur = self.mount.getattr(&node.inode, WANT, 0, perm)?;
-        let chown = CEPH_SETATTR_UID | CEPH_SETATTR_GID | CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME;
+        let chown = CEPH_SETATTR_UID
+            | CEPH_SETATTR_GID
+            | CEPH_SETATTR_MODE
+            | CEPH_SETATTR_CTIME
+            | CEPH_SETATTR_KILL_SGUID;
         Ok(cur.stx_uid == ctx.uid
             && mask & CEPH_SETATTR_GID != 0
             && mask & !chown == 0
@@ -865,7 +1056,14 @@ impl CephFs {
             return self.lookup_parent(parent, ctx);
         }
         let (inode, st) = self.mount.lookup(&parent.inode, name, WANT, 0, &perm)?;
-        self.child_entry(parent, bytes, inode, &st, Some(("lookup", ctx.uid)))
+        self.child_entry(
+            parent,
+            bytes,
+            inode,
+            &st,
+            "lookup",
+            Some(("lookup", ctx.uid)),
+        )
     }
 
     /// LOOKUP "..": the export root's is the export root; a `.snap` directory's is the
@@ -918,13 +1116,16 @@ impl CephFs {
                     None => (0, 0),
                 };
                 self.gate(domain.0, "lookup", ctx.uid)?;
-                let n = self.nodes.insert(NewNode {
-                    vino,
-                    kind: kind_of(&st),
-                    domain,
-                    link: None,
-                    inode,
-                });
+                let n = self.insert_node(
+                    NewNode {
+                        vino,
+                        kind: kind_of(&st),
+                        domain,
+                        link: None,
+                        inode,
+                    },
+                    "lookup",
+                )?;
                 return Ok(self.entry_for(&n, &st));
             }
         };
@@ -1058,13 +1259,55 @@ impl CephFs {
             s.pos = offset;
             s.pending = None;
         }
+        // Nodes handed out in this reply: if the reply fails, the guest never sees them, so
+        // their lookups are given back (the kernel would never FORGET them).
+        let mut taken: Vec<u64> = Vec::new();
+        let r = self.fill_dir(&node, &mut s, size, plus, add, &mut taken);
+        match r {
+            Ok(()) => Ok(()),
+            // libcephfs failed after some entries were added: they go out, and the error comes
+            // again with the next READDIR at the position after them, as on a local filesystem.
+            Err((e, false)) if !taken.is_empty() || s.pos != offset => {
+                tracing::debug!(%e, "readdir stopped early");
+                Ok(())
+            }
+            Err((e, _)) => {
+                for id in taken {
+                    self.nodes.forget(id, 1);
+                }
+                // Back to where this reply started: nothing of it reached the guest.
+                if offset == 0 {
+                    s.dir.rewinddir();
+                } else {
+                    s.dir
+                        .seekdir(to_off(offset).map_err(|_| errno(libc::EINVAL))?);
+                }
+                s.pos = offset;
+                s.pending = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// The entries of one READDIR(PLUS) reply. An error says whether it came from `add` (the
+    /// reply itself failed: `true`) or from libcephfs.
+    fn fill_dir(
+        &self,
+        node: &Arc<Node>,
+        s: &mut DirStream,
+        size: u32,
+        plus: bool,
+        add: &mut dyn FnMut(DirEntry, Option<Entry>) -> io::Result<usize>,
+        taken: &mut Vec<u64>,
+    ) -> Result<(), (io::Error, bool)> {
         let mut room = size as usize;
         loop {
             let de = match s.pending.take() {
                 Some(de) => de,
-                None => match s.dir.readdirplus(WANT, 0, plus)? {
-                    Some(de) => Box::new(de),
-                    None => break,
+                None => match s.dir.readdirplus(WANT, 0, plus) {
+                    Ok(Some(de)) => Box::new(de),
+                    Ok(None) => break,
+                    Err(e) => return Err((e.into(), false)),
                 },
             };
             // Stop before an entry that does not fit, without taking a node for it.
@@ -1090,46 +1333,58 @@ impl CephFs {
                     .cfg
                     .quarantine
                     .as_ref()
-                    .is_some_and(|g| g.denied(self.child_domain(&node, &de.statx).0));
+                    .is_some_and(|g| g.denied(self.child_domain(node, &de.statx).0));
+            let bare = Entry {
+                inode: 0,
+                generation: 0,
+                attr: to_stat(&de.statx),
+                attr_flags: 0,
+                attr_timeout: Duration::ZERO,
+                entry_timeout: Duration::ZERO,
+            };
             let entry = match (plus, dot || denied, de.inode) {
                 (false, _, _) => None,
                 // "." and ".." carry no node: the kernel does not instantiate them, and ".." of
                 // the export root lies outside the export.
-                (true, true, _) | (true, false, None) => Some(Entry {
-                    inode: 0,
-                    generation: 0,
-                    attr: to_stat(&de.statx),
-                    attr_flags: 0,
-                    attr_timeout: Duration::ZERO,
-                    entry_timeout: Duration::ZERO,
-                }),
+                (true, true, _) | (true, false, None) => Some(bare),
                 (true, false, Some(inode)) => {
-                    match self.child_entry(&node, &de.name[..], inode, &de.statx, None) {
+                    match self.child_entry(
+                        node,
+                        &de.name[..],
+                        inode,
+                        &de.statx,
+                        "readdirplus",
+                        None,
+                    ) {
                         Ok(e) => {
                             took = Some(e.inode);
                             Some(e)
                         }
-                        // Not a child of this directory: listed, without a node.
-                        Err(_) => Some(Entry {
-                            inode: 0,
-                            generation: 0,
-                            attr: to_stat(&de.statx),
-                            attr_flags: 0,
-                            attr_timeout: Duration::ZERO,
-                            entry_timeout: Duration::ZERO,
-                        }),
+                        // Not a child of this directory, or at the node limit: listed without
+                        // a node (the guest looks the name up when it needs it).
+                        Err(_) => Some(bare),
                     }
                 }
             };
-            if add(dirent, entry)? == 0 {
-                // Cannot happen while dirent_size matches the server's layout; should it, the
-                // kernel did not take this entry, so neither its lookup count nor its position.
-                if let Some(id) = took {
-                    self.nodes.forget(id, 1);
+            match add(dirent, entry) {
+                Ok(0) => {
+                    // Cannot happen while dirent_size matches the server's layout; should it,
+                    // the kernel did not take this entry, so neither its lookup count nor its
+                    // position.
+                    if let Some(id) = took {
+                        self.nodes.forget(id, 1);
+                    }
+                    let back = to_off(s.pos).map_err(|e| (e, false))?;
+                    s.dir.seekdir(back);
+                    break;
                 }
-                let back = to_off(s.pos)?;
-                s.dir.seekdir(back);
-                break;
+                Ok(_) => taken.extend(took),
+                Err(e) => {
+                    if let Some(id) = took {
+                        self.nodes.forget(id, 1);
+                    }
+                    return Err((e, true));
+                }
             }
             s.pos = next;
         }
@@ -1226,7 +1481,10 @@ impl FileSystem for CephFs {
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
         names::check_name(name, Use::Lookup).map_err(errno)?;
         let parent = self.node_op(parent, "lookup", ctx)?;
-        match self.lookup_name(&parent, name, ctx) {
+        match self
+            .lookup_name(&parent, name, ctx)
+            .and_then(|e| self.snapdir_visible(e))
+        {
             // A negative entry lets the guest cache "not there" for as long as a positive one.
             Err(e)
                 if e.raw_os_error() == Some(libc::ENOENT) && self.cfg.cache != CacheMode::Never =>
@@ -1283,7 +1541,8 @@ impl FileSystem for CephFs {
             None => false,
         };
         let mut perm = self.perm(ctx);
-        let (mut st, mut mask) = setattr_request(&attr, valid, ceph_client::Timespec::now())?;
+        let now = ceph_client::Timespec::now();
+        let (mut st, mut mask) = setattr_request(&attr, valid, now)?;
 
         // Mode bits a chown or truncate must clear, or keep. SB_NOSEC contract: clear
         // setuid/setgid in the same setattr when the guest flagged it (and did not set the mode
@@ -1291,11 +1550,14 @@ impl FileSystem for CephFs {
         // guest negotiated: the MDS clears setgid on every chown, also without group-execute,
         // where Linux keeps it (it marks mandatory locking there, no privilege), so a chown of
         // a file with special bits names the mode it must end with.
-        // The mode a non-root caller's change must leave is set afterwards, as root
-        // (`mode_after`): libcephfs refuses it from a non-owner who may change the size, and
-        // clears the bits its own way for everyone but root.
+        // The bits go with CEPH_SETATTR_KILL_SGUID in the same setattr: the MDS clears them
+        // from the mode the inode has then, so a concurrent chmod is never undone by a mode we
+        // read before. Where the MDS's rule and Linux's differ (it keeps setuid without any
+        // execute bit, clears setgid without group-execute, and libcephfs clears both on every
+        // size or owner change by anyone but root), the special bits are put right afterwards
+        // (`special_after`), only if the permission bits are still those read before.
         let mut remove_caps = false;
-        let mut mode_after = None;
+        let mut special_after = None;
         let owner_change = mask & (CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
         let size_change = mask & CEPH_SETATTR_SIZE != 0;
         let size_or_owner = owner_change || size_change;
@@ -1318,16 +1580,11 @@ impl FileSystem for CephFs {
             } else {
                 Kill::default()
             };
-            // libcephfs also clears both bits on a size or owner change by anyone but root,
-            // whatever mode the same request names: for other callers the mode is set after.
-            let special = cur & (libc::S_ISUID | libc::S_ISGID) != 0;
-            if let Some(m) = kill.new_mode.or(special.then_some(cur)) {
-                if ctx.uid == 0 {
-                    mask |= CEPH_SETATTR_MODE;
-                    st.stx_mode = (m & 0o7777) as u16;
-                } else {
-                    mode_after = Some(m);
-                }
+            if kill.new_mode.is_some() {
+                mask |= CEPH_SETATTR_KILL_SGUID;
+            }
+            if cur & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                special_after = Some((cur, kill.new_mode.unwrap_or(cur)));
             }
             remove_caps = kill.remove_caps;
         }
@@ -1350,11 +1607,21 @@ impl FileSystem for CephFs {
 
         // ftruncate(2) needs only a descriptor open for writing, not write permission on the
         // file now (think of a file created with mode 0): libcephfs checks the mode, so a size
-        // change through a writable handle of ours runs with root credentials.
-        let size_and_times =
-            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW | CEPH_SETATTR_CTIME;
+        // change through a writable handle of ours runs with root credentials. Root could set
+        // any time: the times are what ftruncate(2) sets, now (explicit times need the owner,
+        // and a guest could otherwise date files it does not own as it likes).
+        let size_and_times = CEPH_SETATTR_SIZE
+            | CEPH_SETATTR_MTIME
+            | CEPH_SETATTR_MTIME_NOW
+            | CEPH_SETATTR_CTIME
+            | CEPH_SETATTR_KILL_SGUID;
         if through_writable_handle && mask & CEPH_SETATTR_SIZE != 0 && mask & !size_and_times == 0 {
             perm = self.perms.get(0, 0);
+            if mask & CEPH_SETATTR_MTIME != 0 {
+                mask |= CEPH_SETATTR_MTIME_NOW;
+                st.stx_mtime = now;
+            }
+            mask &= !CEPH_SETATTR_CTIME;
         }
         if mask != 0 {
             match self.mount.setattr(&node.inode, &st, mask, &perm) {
@@ -1378,11 +1645,14 @@ impl FileSystem for CephFs {
         if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
             self.mount.sync_inode(&node.inode, false)?;
         }
-        if mode_after.is_some() || remove_caps {
+        if let Some((before, want)) = special_after {
+            self.put_special_bits(&node, before, want)?;
+        }
+        if remove_caps {
             self.apply_kill(
                 &node,
                 Kill {
-                    new_mode: mode_after,
+                    new_mode: None,
                     remove_caps,
                 },
             )?;
@@ -1408,10 +1678,12 @@ impl FileSystem for CephFs {
             return Err(errno(libc::ENAMETOOLONG));
         }
         let parent = self.node_op(parent, "symlink", ctx)?;
+        self.snapdir_change(&parent)?;
+        self.node_room("symlink")?;
         let (inode, st) =
             self.mount
                 .symlink(&parent.inode, name, linkname, WANT, 0, &self.perm(ctx))?;
-        self.child_entry(&parent, name.to_bytes(), inode, &st, None)
+        self.child_entry(&parent, name.to_bytes(), inode, &st, "symlink", None)
     }
 
     fn mknod(
@@ -1424,7 +1696,10 @@ impl FileSystem for CephFs {
         _umask: u32,
     ) -> io::Result<Entry> {
         names::check_name(name, Use::Change).map_err(errno)?;
+        mknod_allowed(mode, self.cfg.allow_device_nodes)?;
         let parent = self.node_op(parent, "mknod", ctx)?;
+        self.snapdir_change(&parent)?;
+        self.node_room("mknod")?;
         let (inode, st) = self.mount.mknod(
             &parent.inode,
             name,
@@ -1434,7 +1709,7 @@ impl FileSystem for CephFs {
             0,
             &self.perm(ctx),
         )?;
-        self.child_entry(&parent, name.to_bytes(), inode, &st, None)
+        self.child_entry(&parent, name.to_bytes(), inode, &st, "mknod", None)
     }
 
     fn mkdir(
@@ -1447,15 +1722,18 @@ impl FileSystem for CephFs {
     ) -> io::Result<Entry> {
         names::check_name(name, Use::Change).map_err(errno)?;
         let parent = self.node_op(parent, "mkdir", ctx)?;
+        self.snapdir_change(&parent)?;
+        self.node_room("mkdir")?;
         let (inode, st) =
             self.mount
                 .mkdir(&parent.inode, name, mode & 0o7777, WANT, 0, &self.perm(ctx))?;
-        self.child_entry(&parent, name.to_bytes(), inode, &st, None)
+        self.child_entry(&parent, name.to_bytes(), inode, &st, "mkdir", None)
     }
 
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         names::check_name(name, Use::Change).map_err(errno)?;
         let parent = self.node_op(parent, "unlink", ctx)?;
+        self.snapdir_change(&parent)?;
         self.mount.unlink(&parent.inode, name, &self.perm(ctx))?;
         Ok(())
     }
@@ -1463,6 +1741,7 @@ impl FileSystem for CephFs {
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         names::check_name(name, Use::Change).map_err(errno)?;
         let parent = self.node_op(parent, "rmdir", ctx)?;
+        self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
         if self.names_denied_root(&parent, name, &perm) {
             return Err(errno(libc::EACCES));
@@ -1484,6 +1763,8 @@ impl FileSystem for CephFs {
         names::check_name(newname, Use::Change).map_err(errno)?;
         let old = self.node_op(olddir, "rename", ctx)?;
         let new = self.node_op(newdir, "rename", ctx)?;
+        self.snapdir_change(&old)?;
+        self.snapdir_change(&new)?;
         let perm = self.perm(ctx);
         // Moving a quarantined directory itself (or replacing one) is refused as well.
         if self.names_denied_root(&old, oldname, &perm)
@@ -1534,6 +1815,7 @@ impl FileSystem for CephFs {
         names::check_name(newname, Use::Change).map_err(errno)?;
         let node = self.node_op(inode, "link", ctx)?;
         let parent = self.node_op(newparent, "link", ctx)?;
+        self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
         self.mount
             .link(&node.inode, &parent.inode, newname, &perm)?;
@@ -1563,17 +1845,17 @@ impl FileSystem for CephFs {
             | libc::O_DIRECT
             | libc::O_NOFOLLOW) as u32;
         let oflags = (flags & keep) as i32;
-        let file = self.mount.open(&node.inode, oflags, &perm)?;
+        self.handle_room("open")?;
+        // O_TRUNC is done here, after the open and the privilege kill (see `open_truncate`).
+        let file = self
+            .mount
+            .open(&node.inode, oflags & !libc::O_TRUNC, &perm)?;
         let writer = self.direct_writer(&node, oflags)?;
         if oflags & libc::O_TRUNC != 0 {
-            self.kill_privs(
-                &node,
-                Trigger::Truncate,
-                fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
-                &perm,
-            )?;
+            let flagged = fuse_flags & FOPEN_IN_KILL_SUIDGID != 0;
+            self.open_truncate(&node, oflags, flagged, true, &perm)?;
         }
-        let fh = self.handles.insert(
+        let fh = self.new_handle(
             inode,
             Handle::File(Arc::new(OpenFile {
                 file,
@@ -1585,7 +1867,8 @@ impl FileSystem for CephFs {
                 locked: AtomicBool::new(false),
                 node: node.clone(),
             })),
-        );
+            "open",
+        )?;
         Ok((Some(fh), self.open_options(&node), None))
     }
 
@@ -1598,6 +1881,7 @@ impl FileSystem for CephFs {
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
         names::check_name(name, Use::Change).map_err(errno)?;
         let parent = self.node_op(parent, "create", ctx)?;
+        self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
         let keep = (libc::O_ACCMODE
             | libc::O_CREAT
@@ -1608,42 +1892,59 @@ impl FileSystem for CephFs {
             | libc::O_DSYNC
             | libc::O_DIRECT) as u32;
         let oflags = (args.flags & keep) as i32 | libc::O_CREAT;
-        let (inode, st, file) = self.mount.create(
+        // A full table refuses the request before the file exists.
+        self.handle_room("create")?;
+        self.node_room("create")?;
+        let (inode, mut st, file) = self.mount.create(
             &parent.inode,
             name,
             args.mode & 0o7777,
-            oflags,
-            WANT,
+            oflags & !libc::O_TRUNC,
+            WANT | ceph_client::CEPH_STATX_SIZE,
             0,
             &perm,
         )?;
-        let entry = self.child_entry(&parent, name.to_bytes(), inode, &st, None)?;
+        let entry = self.child_entry(&parent, name.to_bytes(), inode, &st, "create", None)?;
         let node = self.node(entry.inode)?;
-        let writer = self.direct_writer(&node, oflags)?;
-        // CREATE can open an existing file (no O_EXCL): O_TRUNC then has the SB_NOSEC duty.
-        if oflags & libc::O_TRUNC != 0
-            && u32::from(st.stx_mode) & (libc::S_ISUID | libc::S_ISGID) != 0
-        {
-            self.kill_privs(
-                &node,
-                Trigger::Truncate,
-                args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0,
-                &perm,
-            )?;
-        }
-        let fh = self.handles.insert(
-            entry.inode,
-            Handle::File(Arc::new(OpenFile {
-                file,
-                ino: node.vino.ino,
-                direct: oflags & libc::O_DIRECT != 0,
-                writer,
-                noted: AtomicBool::new(false),
-                writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
-                locked: AtomicBool::new(false),
-                node: node.clone(),
-            })),
-        );
+        // From here on the node holds a lookup for the guest: every failure gives it back,
+        // or the guest, which gets an error and no entry, could never FORGET it.
+        let opened = (|| {
+            let writer = self.direct_writer(&node, oflags)?;
+            // CREATE can open an existing file (no O_EXCL): O_TRUNC then has the SB_NOSEC duty.
+            // A file with data existed before; an empty one may be new (its setuid/setgid bits
+            // are the creator's choice), so only its file capabilities go. Either way the
+            // first WRITE takes the bits away.
+            if oflags & libc::O_TRUNC != 0 && oflags & libc::O_EXCL == 0 {
+                let existing = st.stx_size != 0;
+                let flagged = args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0 && existing;
+                self.open_truncate(&node, oflags, flagged, existing, &perm)?;
+                if existing {
+                    st = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
+                }
+            }
+            self.new_handle(
+                node.id,
+                Handle::File(Arc::new(OpenFile {
+                    file,
+                    ino: node.vino.ino,
+                    direct: oflags & libc::O_DIRECT != 0,
+                    writer,
+                    noted: AtomicBool::new(false),
+                    writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
+                    locked: AtomicBool::new(false),
+                    node: node.clone(),
+                })),
+                "create",
+            )
+        })();
+        let fh = match opened {
+            Ok(fh) => fh,
+            Err(e) => {
+                self.nodes.forget(node.id, 1);
+                return Err(e);
+            }
+        };
+        let entry = self.entry_for(&node, &st);
         let opts = self.open_options(&node);
         Ok((entry, Some(fh), opts, None))
     }
@@ -1724,6 +2025,13 @@ impl FileSystem for CephFs {
         range(offset, length)?;
         let f = self.file(inode, handle, "fallocate", ctx.uid)?;
         let mode = i32::try_from(mode).map_err(|_| errno(libc::EOPNOTSUPP))?;
+        // fallocate(2) modifies the file as a write does (Linux's file_modified): SB_NOSEC
+        // leaves the kill to us. FALLOCATE carries no kill flag: a caller other than root is
+        // taken to lack CAP_FSETID, as for copy_file_range.
+        if self.killpriv_on() {
+            let node = self.node(inode)?;
+            self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
+        }
         Ok(f.file.fallocate(mode, offset, length)?)
     }
 
@@ -1782,6 +2090,7 @@ impl FileSystem for CephFs {
             XattrAccess::Full => {}
             XattrAccess::ReadOnly | XattrAccess::Hidden => return Err(errno(libc::EPERM)),
         }
+        self.privileged_xattr(name, ctx.uid, false)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(errno(libc::E2BIG));
         }
@@ -1844,6 +2153,7 @@ impl FileSystem for CephFs {
             XattrAccess::ReadOnly => return Err(errno(libc::EPERM)),
             XattrAccess::Hidden => return Err(errno(libc::ENODATA)),
         }
+        self.privileged_xattr(name, ctx.uid, true)?;
         let node = self.node_op(inode, "removexattr", ctx)?;
         match self.mount.removexattr(&node.inode, name, &self.perm(ctx)) {
             // libcephfs says ENOENT for a name the inode does not carry (when it carries
@@ -1863,15 +2173,17 @@ impl FileSystem for CephFs {
         if !node.is_dir() {
             return Err(errno(libc::ENOTDIR));
         }
+        self.handle_room("opendir")?;
         let dir = self.mount.opendir(&node.inode, &self.perm(ctx))?;
-        let fh = self.handles.insert(
+        let fh = self.new_handle(
             inode,
             Handle::Dir(Mutex::new(DirStream {
                 dir,
                 pos: 0,
                 pending: None,
             })),
-        );
+            "opendir",
+        )?;
         Ok((Some(fh), OpenOptions::empty()))
     }
 
@@ -2110,6 +2422,32 @@ impl CephFs {
     }
 }
 
+/// The mode to set after a size or owner change so that the setuid/setgid bits are those of
+/// `want` (see `CephFs::put_special_bits`): `None` when they already are, or when the other bits
+/// of `now` are no longer those of `before` (someone changed the mode meanwhile: theirs stands).
+fn special_bits_after(before: u32, now: u32, want: u32) -> Option<u32> {
+    const SPECIAL: u32 = libc::S_ISUID | libc::S_ISGID;
+    let (before, now) = (before & 0o7777, now & 0o7777);
+    if now & !SPECIAL != before & !SPECIAL || now & SPECIAL == want & SPECIAL {
+        return None;
+    }
+    Some((now & !SPECIAL) | (want & SPECIAL))
+}
+
+/// MKNOD's file types: regular files, FIFOs and sockets, and device nodes only when the operator
+/// allows them (other clients that mount CephFS without nodev would open the guest's devices).
+/// A directory is EPERM and an unknown type EINVAL, as Linux's mknod(2) answers (`may_mknod`);
+/// a device node refused by policy is EPERM, as for a caller without CAP_MKNOD.
+fn mknod_allowed(mode: u32, devices: bool) -> io::Result<()> {
+    match mode & libc::S_IFMT {
+        // Type 0 is a regular file for mknod(2).
+        0 | libc::S_IFREG | libc::S_IFIFO | libc::S_IFSOCK => Ok(()),
+        libc::S_IFCHR | libc::S_IFBLK if devices => Ok(()),
+        libc::S_IFCHR | libc::S_IFBLK | libc::S_IFDIR => Err(errno(libc::EPERM)),
+        _ => Err(errno(libc::EINVAL)),
+    }
+}
+
 /// Write all of `buf` at `off` (libcephfs may write less than asked).
 fn write_all(f: &File, off: u64, buf: &[u8]) -> io::Result<()> {
     let mut w = 0;
@@ -2229,6 +2567,51 @@ mod tests {
             stx_uid: uid,
             stx_gid: gid,
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn hostile_special_bits_never_undo_a_concurrent_chmod() {
+        const SGID: u32 = libc::S_ISGID;
+        // chown of 02644 (setgid without group-exec, kept by Linux) cleared by the MDS: put back.
+        assert_eq!(
+            special_bits_after(SGID | 0o644, 0o100644, SGID | 0o644),
+            Some(SGID | 0o644)
+        );
+        // Already as wanted: nothing to do.
+        assert_eq!(
+            special_bits_after(SGID | 0o644, SGID | 0o644, SGID | 0o644),
+            None
+        );
+        // Someone ran chmod 600 in between: their mode stands, no bit comes back.
+        assert_eq!(special_bits_after(SGID | 0o644, 0o600, SGID | 0o644), None);
+        // A kill the MDS did not do (setuid without any execute bit): cleared, bits kept.
+        assert_eq!(
+            special_bits_after(libc::S_ISUID | 0o644, libc::S_ISUID | 0o644, 0o644),
+            Some(0o644)
+        );
+    }
+
+    #[test]
+    fn hostile_mknod_types_are_filtered() {
+        let e = |r: io::Result<()>| r.unwrap_err().raw_os_error();
+        for t in [0, libc::S_IFREG, libc::S_IFIFO, libc::S_IFSOCK] {
+            assert!(mknod_allowed(t | 0o644, false).is_ok(), "{t:o}");
+        }
+        for t in [libc::S_IFCHR, libc::S_IFBLK] {
+            assert_eq!(e(mknod_allowed(t | 0o600, false)), Some(libc::EPERM));
+            assert!(mknod_allowed(t | 0o600, true).is_ok());
+        }
+        assert_eq!(
+            e(mknod_allowed(libc::S_IFDIR | 0o755, true)),
+            Some(libc::EPERM)
+        );
+        for t in [libc::S_IFLNK, 0o110000, 0o070000] {
+            assert_eq!(
+                e(mknod_allowed(t | 0o755, true)),
+                Some(libc::EINVAL),
+                "{t:o}"
+            );
         }
     }
 

@@ -19,7 +19,7 @@
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// FUSE's root node id.
@@ -168,6 +168,12 @@ pub struct NodeTable<T> {
     /// Reverse index for allocated ids. Lock order: `allocated` before a shard.
     allocated: Mutex<HashMap<Vino, u64>>,
     next_id: AtomicU64,
+    /// Nodes in the table, the root included (kept next to the shards so that the limit check
+    /// takes no shard lock but the one being written).
+    count: AtomicUsize,
+    /// Most nodes the table holds (root included); an insert of a new node beyond it fails
+    /// with ENFILE. `usize::MAX`: no limit.
+    max: AtomicUsize,
 }
 
 impl<T> NodeTable<T> {
@@ -180,6 +186,8 @@ impl<T> NodeTable<T> {
             root: root.vino,
             allocated: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(ALLOCATED_BIT | 2),
+            count: AtomicUsize::new(1),
+            max: AtomicUsize::new(usize::MAX),
         };
         let node = Arc::new(Node {
             id: ROOT_ID,
@@ -228,22 +236,42 @@ impl<T> NodeTable<T> {
             .cloned()
     }
 
+    /// Limit the table to `max` nodes, the root included (at least the root: 1).
+    pub fn set_limit(&self, max: usize) {
+        self.max.store(max.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether one more node fits under the limit now (a hint: concurrent inserts may take
+    /// the room; [`Self::insert`] is what enforces the limit).
+    pub fn has_room(&self) -> bool {
+        self.count.load(Ordering::Relaxed) < self.max.load(Ordering::Relaxed)
+    }
+
     /// Enter a looked-up inode, or add one lookup to the node that already stands for it.
-    /// A duplicate reference (`new.inode`) is dropped, which releases it.
-    pub fn insert(&self, new: NewNode<T>) -> Arc<Node<T>> {
+    /// A duplicate reference (`new.inode`) is dropped, which releases it. A new node beyond
+    /// the limit is refused with ENFILE (`new.inode` is released); a node already in the
+    /// table takes its lookup whatever the limit.
+    pub fn insert(&self, new: NewNode<T>) -> Result<Arc<Node<T>>, i32> {
         match self.direct_id(new.vino) {
             Some(id) => self.insert_at(id, new),
             None => {
                 let mut rev = self.allocated.lock().unwrap_or_else(|e| e.into_inner());
-                let id = *rev
-                    .entry(new.vino)
-                    .or_insert_with(|| self.next_id.fetch_add(1, Ordering::Relaxed));
-                self.insert_at(id, new)
+                let vino = new.vino;
+                let mut fresh = false;
+                let id = *rev.entry(vino).or_insert_with(|| {
+                    fresh = true;
+                    self.next_id.fetch_add(1, Ordering::Relaxed)
+                });
+                let r = self.insert_at(id, new);
+                if r.is_err() && fresh {
+                    rev.remove(&vino);
+                }
+                r
             }
         }
     }
 
-    fn insert_at(&self, id: u64, new: NewNode<T>) -> Arc<Node<T>> {
+    fn insert_at(&self, id: u64, new: NewNode<T>) -> Result<Arc<Node<T>>, i32> {
         let mut shard = self.shard(id).write().unwrap_or_else(|e| e.into_inner());
         if let Some(n) = shard.get(&id) {
             n.lookups.fetch_add(1, Ordering::Relaxed);
@@ -261,7 +289,12 @@ impl<T> NodeTable<T> {
             };
             drop(shard);
             drop(old);
-            return n;
+            return Ok(n);
+        }
+        let max = self.max.load(Ordering::Relaxed);
+        if self.count.fetch_add(1, Ordering::Relaxed) >= max {
+            self.count.fetch_sub(1, Ordering::Relaxed);
+            return Err(libc::ENFILE);
         }
         let node = Arc::new(Node {
             id,
@@ -273,7 +306,7 @@ impl<T> NodeTable<T> {
             lookups: AtomicU64::new(1),
         });
         shard.insert(id, node.clone());
-        node
+        Ok(node)
     }
 
     /// Take `count` lookups away; at zero the node leaves the table. Unknown ids and the root
@@ -290,6 +323,7 @@ impl<T> NodeTable<T> {
             let left = n.lookups.load(Ordering::Relaxed).saturating_sub(count);
             n.lookups.store(left, Ordering::Relaxed);
             if left == 0 {
+                self.count.fetch_sub(1, Ordering::Relaxed);
                 shard.remove(&id)
             } else {
                 None
@@ -325,6 +359,7 @@ impl<T> NodeTable<T> {
                 dropped.extend(ids.iter().filter_map(|id| s.remove(id)));
             }
             rev.clear();
+            self.count.store(1, Ordering::Relaxed);
         }
         // The references are released here, outside every lock.
         drop(dropped);
@@ -361,6 +396,10 @@ mod tests {
         })
     }
 
+    fn ins(t: &NodeTable<Ref>, n: NewNode<Ref>) -> Arc<Node<Ref>> {
+        t.insert(n).unwrap()
+    }
+
     fn new(vino: Vino, drops: &Arc<AtomicU64>) -> NewNode<Ref> {
         NewNode {
             vino,
@@ -376,10 +415,10 @@ mod tests {
         let d = Arc::new(AtomicU64::new(0));
         let t = table(0x1000, &d);
         assert_eq!(t.get(ROOT_ID).unwrap().vino, head(0x1000));
-        let n = t.insert(new(head(0x2000), &d));
+        let n = ins(&t, new(head(0x2000), &d));
         assert_eq!(n.id, 0x2000);
         // Looking up the export root again yields node 1, never a second id for it.
-        let r = t.insert(new(head(0x1000), &d));
+        let r = ins(&t, new(head(0x1000), &d));
         assert_eq!(r.id, ROOT_ID);
         assert_eq!(d.load(Ordering::Relaxed), 1, "duplicate reference released");
     }
@@ -388,9 +427,9 @@ mod tests {
     fn lookup_counts_and_forget_release_exactly_once() {
         let d = Arc::new(AtomicU64::new(0));
         let t = table(1, &d);
-        let n = t.insert(new(head(0x2000), &d));
-        t.insert(new(head(0x2000), &d));
-        t.insert(new(head(0x2000), &d));
+        let n = ins(&t, new(head(0x2000), &d));
+        ins(&t, new(head(0x2000), &d));
+        ins(&t, new(head(0x2000), &d));
         assert_eq!(n.lookups(), 3);
         assert_eq!(d.load(Ordering::Relaxed), 2);
         drop(n);
@@ -411,46 +450,58 @@ mod tests {
     fn snapshots_get_their_own_ids() {
         let d = Arc::new(AtomicU64::new(0));
         let t = table(1, &d);
-        let h = t.insert(new(head(0x2000), &d));
-        let s1 = t.insert(new(
-            Vino {
-                ino: 0x2000,
-                snapid: 5,
-            },
-            &d,
-        ));
-        let s2 = t.insert(new(
-            Vino {
-                ino: 0x2000,
-                snapid: 6,
-            },
-            &d,
-        ));
+        let h = ins(&t, new(head(0x2000), &d));
+        let s1 = ins(
+            &t,
+            new(
+                Vino {
+                    ino: 0x2000,
+                    snapid: 5,
+                },
+                &d,
+            ),
+        );
+        let s2 = ins(
+            &t,
+            new(
+                Vino {
+                    ino: 0x2000,
+                    snapid: 6,
+                },
+                &d,
+            ),
+        );
         assert_ne!(h.id, s1.id);
         assert_ne!(s1.id, s2.id);
         assert!(s1.id & ALLOCATED_BIT != 0);
         // The same snapshot inode maps to the same id while it is known...
         assert_eq!(
-            t.insert(new(
-                Vino {
-                    ino: 0x2000,
-                    snapid: 5
-                },
-                &d
-            ))
+            ins(
+                &t,
+                new(
+                    Vino {
+                        ino: 0x2000,
+                        snapid: 5
+                    },
+                    &d
+                )
+            )
             .id,
             s1.id
         );
         t.forget(s1.id, 2);
         assert!(t.get(s1.id).is_none());
         // ...and to a fresh one afterwards.
-        let again = t.insert(new(
-            Vino {
-                ino: 0x2000,
-                snapid: 5,
-            },
-            &d,
-        ));
+        let again = ins(
+            &t,
+            new(
+                Vino {
+                    ino: 0x2000,
+                    snapid: 5,
+                },
+                &d,
+            ),
+        );
         assert_ne!(again.id, s1.id);
     }
 
@@ -458,7 +509,7 @@ mod tests {
     fn filesystem_root_of_a_subtree_export_is_not_node_one() {
         let d = Arc::new(AtomicU64::new(0));
         let t = table(0x1000, &d);
-        let fsroot = t.insert(new(head(1), &d));
+        let fsroot = ins(&t, new(head(1), &d));
         assert_ne!(fsroot.id, ROOT_ID);
         assert_eq!(t.get(ROOT_ID).unwrap().vino.ino, 0x1000);
     }
@@ -476,7 +527,7 @@ mod tests {
                 parent,
                 name: CString::new("x").unwrap(),
             });
-            parent = Some(t.insert(n));
+            parent = Some(t.insert(n).unwrap());
             t.forget(0x1000 + i, 1);
         }
         drop(parent);
@@ -494,7 +545,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for i in 0..2000u64 {
                         let ino = 0x100 + (i % 17);
-                        t.insert(new(head(ino), &d));
+                        ins(&t, new(head(ino), &d));
                         t.forget(ino, 1);
                     }
                 })
@@ -504,5 +555,38 @@ mod tests {
             th.join().unwrap();
         }
         assert_eq!(t.len(), 1, "only the root is left");
+    }
+
+    #[test]
+    fn hostile_node_limit_refuses_new_nodes_only() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        t.set_limit(3);
+        ins(&t, new(head(0x10), &d));
+        ins(&t, new(head(0x11), &d));
+        assert!(!t.has_room());
+        assert_eq!(t.insert(new(head(0x12), &d)).unwrap_err(), libc::ENFILE);
+        assert_eq!(
+            d.load(Ordering::Relaxed),
+            1,
+            "the refused reference is released"
+        );
+        // A node already in the table still takes lookups.
+        assert_eq!(ins(&t, new(head(0x10), &d)).lookups(), 2);
+        // A refused snapshot inode leaves no reverse-index entry behind.
+        let snap = Vino {
+            ino: 0x10,
+            snapid: 4,
+        };
+        assert_eq!(t.insert(new(snap, &d)).unwrap_err(), libc::ENFILE);
+        assert!(t.allocated.lock().unwrap().is_empty());
+        // FORGET makes room again.
+        t.forget(0x11, 1);
+        assert!(t.has_room());
+        ins(&t, new(snap, &d));
+        assert_eq!(t.len(), 3);
+        t.clear();
+        assert!(t.has_room());
+        assert_eq!(t.count.load(Ordering::Relaxed), 1);
     }
 }

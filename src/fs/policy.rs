@@ -68,6 +68,61 @@ impl fmt::Display for CacheMode {
     }
 }
 
+/// What a guest may do with CephFS snapshots (`--snapshots`).
+///
+/// A client id with the MDS `s` cap may create a snapshot with mkdir in a `.snap` directory and
+/// delete one with rmdir there. Letting a tenant do that lets it keep data alive past its quota
+/// (snapshotted data is not counted against the quota that limited the writes) and delete the
+/// operator's snapshots. Refused namespace changes in `.snap` fail with EROFS: `.snap` is a
+/// read-only view, as the snapshots in it are, and EROFS is what every write inside a snapshot
+/// already returns (EPERM would read as a missing privilege the guest could acquire).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SnapshotPolicy {
+    /// `.snap` can be listed and read; mkdir, rmdir, rename and every other change in it: EROFS.
+    #[default]
+    ReadOnly,
+    /// The guest may create, rename and delete snapshots (as far as the client id's caps allow).
+    ReadWrite,
+    /// `.snap` does not exist for the guest: its lookup is ENOENT (it is never listed).
+    Hidden,
+}
+
+impl SnapshotPolicy {
+    /// Whether the guest may change the namespace of a `.snap` directory.
+    pub fn writable(self) -> bool {
+        self == SnapshotPolicy::ReadWrite
+    }
+
+    /// Whether the guest may see `.snap` directories at all.
+    pub fn visible(self) -> bool {
+        self != SnapshotPolicy::Hidden
+    }
+}
+
+impl FromStr for SnapshotPolicy {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "read-only" => Ok(SnapshotPolicy::ReadOnly),
+            "read-write" => Ok(SnapshotPolicy::ReadWrite),
+            "hidden" => Ok(SnapshotPolicy::Hidden),
+            other => Err(format!(
+                "unknown snapshot policy '{other}' (expected read-only, read-write or hidden)"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for SnapshotPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SnapshotPolicy::ReadOnly => "read-only",
+            SnapshotPolicy::ReadWrite => "read-write",
+            SnapshotPolicy::Hidden => "hidden",
+        })
+    }
+}
+
 /// What the policy needs to know of one inode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NodeClass {
@@ -232,5 +287,17 @@ mod tests {
         assert!(!policy(CacheMode::Auto).direct_io(PLAIN));
         assert!(!policy(CacheMode::Auto).keep_cache(PLAIN));
         assert!(policy(CacheMode::Always).keep_cache(PLAIN));
+    }
+
+    #[test]
+    fn hostile_snapshot_policies_parse_and_decide() {
+        for p in ["read-only", "read-write", "hidden"] {
+            assert_eq!(p.parse::<SnapshotPolicy>().unwrap().to_string(), p);
+        }
+        assert!("rw".parse::<SnapshotPolicy>().is_err());
+        assert_eq!(SnapshotPolicy::default(), SnapshotPolicy::ReadOnly);
+        assert!(!SnapshotPolicy::ReadOnly.writable() && SnapshotPolicy::ReadOnly.visible());
+        assert!(SnapshotPolicy::ReadWrite.writable() && SnapshotPolicy::ReadWrite.visible());
+        assert!(!SnapshotPolicy::Hidden.writable() && !SnapshotPolicy::Hidden.visible());
     }
 }

@@ -172,6 +172,10 @@ pub trait FsStats: Send + Sync {
     fn node_count(&self) -> usize;
     /// Open file and directory handles.
     fn handle_count(&self) -> usize;
+    /// Requests refused at the guest's limits: (nodes, handles).
+    fn limit_refusals(&self) -> (u64, u64) {
+        (0, 0)
+    }
 }
 
 impl FsStats for crate::fs::CephFs {
@@ -180,6 +184,9 @@ impl FsStats for crate::fs::CephFs {
     }
     fn handle_count(&self) -> usize {
         crate::fs::CephFs::handle_count(self)
+    }
+    fn limit_refusals(&self) -> (u64, u64) {
+        crate::fs::CephFs::limit_refusals(self)
     }
 }
 
@@ -389,7 +396,33 @@ impl Metrics {
                 "Open file and directory handles.",
             );
             w.sample("ceph_virtiofsd_handles", &[], fs.handle_count());
+            let (nodes, handles) = fs.limit_refusals();
+            w.family(
+                "ceph_virtiofsd_limit_refusals_total",
+                Kind::Counter,
+                "Requests refused with ENFILE at the guest's --max-nodes or --max-handles.",
+            );
+            w.sample(
+                "ceph_virtiofsd_limit_refusals_total",
+                &[("table", "nodes")],
+                nodes,
+            );
+            w.sample(
+                "ceph_virtiofsd_limit_refusals_total",
+                &[("table", "handles")],
+                handles,
+            );
         }
+        w.family(
+            "ceph_virtiofsd_mds_inode_recalls_total",
+            Kind::Counter,
+            "Inode releases the MDS asked for under cache pressure (inodes the guest holds).",
+        );
+        w.sample(
+            "ceph_virtiofsd_mds_inode_recalls_total",
+            &[],
+            crate::fs::limits::recalls(),
+        );
         if let Some(h) = ceph {
             h.render(&mut w);
         }
@@ -728,6 +761,9 @@ mod tests {
             fn handle_count(&self) -> usize {
                 2
             }
+            fn limit_refusals(&self) -> (u64, u64) {
+                (3, 4)
+            }
         }
         let text = M.render(2, Some(&Fs), None);
         for line in [
@@ -751,6 +787,8 @@ mod tests {
             "ceph_virtiofsd_quarantine_denials_total 1",
             "ceph_virtiofsd_inodes 5",
             "ceph_virtiofsd_handles 2",
+            "ceph_virtiofsd_limit_refusals_total{table=\"nodes\"} 3",
+            "ceph_virtiofsd_limit_refusals_total{table=\"handles\"} 4",
             "ceph_virtiofsd_fuse_requests_stuck 2",
             "ceph_virtiofsd_fuse_slow_requests_total{op=\"WRITE\"} 1",
             "ceph_virtiofsd_fuse_slow_requests_total{op=\"UNKNOWN\"} 1",

@@ -161,7 +161,10 @@ impl FileSystem for TestFs {
         fuse_backend_rs::api::filesystem::OpenOptions,
         Option<u32>,
     )> {
-        let fh = self.handles.insert(inode, ());
+        let fh = self
+            .handles
+            .insert(inode, ())
+            .map_err(io::Error::from_raw_os_error)?;
         Ok((
             Some(fh),
             fuse_backend_rs::api::filesystem::OpenOptions::empty(),

@@ -1,0 +1,193 @@
+//! Per-guest resource limits: how many nodes (inodes the guest holds by lookup count) and open
+//! handles one guest may pin, what a refusal looks like, and what the MDS's cache-pressure
+//! recall can and cannot change.
+//!
+//! Every node pins a libcephfs inode and the MDS capabilities that come with it; every handle
+//! an open libcephfs file. A guest that sends LOOKUP without FORGET, or OPEN without RELEASE,
+//! would otherwise grow both without bound, on the host and in the MDS's cache, at the expense
+//! of every other tenant. Beyond the limit a request that would add an entry fails with ENFILE:
+//! the table is per guest, so from the guest's side it is the system-wide file table that is
+//! full (EMFILE would tell one process that *its* descriptor limit is reached, and ENOMEM that
+//! the guest is out of memory; neither is true, and both send the guest looking in the wrong
+//! place). READDIRPLUS does not fail at the node limit: its entries then carry no node (the
+//! guest looks them up when it needs them), so listings keep working.
+//!
+//! The MDS's recall (`ino_release_cb`): under cache pressure it asks the client to drop inode
+//! references, and libcephfs passes the request on for the inodes only the application holds.
+//! The daemon holds exactly one reference per node the guest holds, and no more; it can only
+//! give it up when the guest sends FORGET. Asking the guest to forget would take a FUSE
+//! notification (FUSE_NOTIFY_INVAL_ENTRY), and virtio-fs in Linux has no notification queue,
+//! so the daemon cannot send one. The recall is counted and logged, so an operator sees which
+//! guest keeps the MDS from trimming; the node limit is what bounds it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Default `--max-nodes`: above what a guest's dentry cache holds in ordinary use, below the
+/// MDS's default `mds_max_caps_per_client` (1M), past which the MDS recalls caps from the
+/// client and reports it as failing to respond to cache pressure.
+pub const DEFAULT_MAX_NODES: usize = 500_000;
+/// Default `--max-handles`: far above what guest processes keep open in ordinary use.
+pub const DEFAULT_MAX_HANDLES: usize = 100_000;
+
+/// Lines per second a [`Throttle`] lets through.
+const LINES_PER_SEC: u32 = 5;
+
+/// Which table refused an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Table {
+    Nodes,
+    Handles,
+}
+
+/// A rate limit for log lines a guest can trigger: at most [`LINES_PER_SEC`] a second, and the
+/// next line that gets through says how many were suppressed before it.
+#[derive(Debug)]
+pub struct Throttle {
+    state: Mutex<(Instant, u32, u64)>,
+}
+
+impl Default for Throttle {
+    fn default() -> Self {
+        Throttle {
+            state: Mutex::new((Instant::now(), 0, 0)),
+        }
+    }
+}
+
+impl Throttle {
+    /// `Some(suppressed_before)` when a line may be written now.
+    pub fn admit(&self, now: Instant) -> Option<u64> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (window, lines, suppressed) = &mut *s;
+        if now.saturating_duration_since(*window) >= Duration::from_secs(1) {
+            *window = now;
+            *lines = 0;
+        }
+        if *lines >= LINES_PER_SEC {
+            *suppressed += 1;
+            return None;
+        }
+        *lines += 1;
+        Some(std::mem::take(suppressed))
+    }
+}
+
+/// Counters of one filesystem's limits (exported as metrics).
+#[derive(Debug, Default)]
+pub struct LimitStats {
+    node_refusals: AtomicU64,
+    handle_refusals: AtomicU64,
+    log: Throttle,
+}
+
+impl LimitStats {
+    /// Count a refusal by `table` (limit `max`) and log it, rate-limited.
+    pub fn refused(&self, table: Table, max: usize, op: &'static str) {
+        let (counter, what, option) = match table {
+            Table::Nodes => (&self.node_refusals, "node", "--max-nodes"),
+            Table::Handles => (&self.handle_refusals, "handle", "--max-handles"),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.log.admit(Instant::now()) {
+            tracing::warn!(
+                table = what,
+                limit = max,
+                op,
+                suppressed_before = suppressed,
+                "guest reached its {what} limit: request refused with ENFILE (raise {option} if \
+                 this guest needs more)"
+            );
+        }
+    }
+
+    /// Refusals so far: (nodes, handles).
+    pub fn refusals(&self) -> (u64, u64) {
+        (
+            self.node_refusals.load(Ordering::Relaxed),
+            self.handle_refusals.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Inode releases the MDS asked for (process-wide: libcephfs calls back without a handle to
+/// our filesystem, and one daemon serves one guest).
+static RECALLS: AtomicU64 = AtomicU64::new(0);
+static RECALL_LOG: Mutex<Option<Throttle>> = Mutex::new(None);
+
+/// Releases the MDS asked for so far.
+pub fn recalls() -> u64 {
+    RECALLS.load(Ordering::Relaxed)
+}
+
+/// The libcephfs callback handler of the export's mount: it takes the MDS's cache-pressure
+/// recalls (see the module documentation for why they cannot be honoured) and nothing else.
+#[derive(Debug, Default)]
+pub struct RecallHandler;
+
+impl ceph_client::CallbackHandler for RecallHandler {
+    fn wants_invalidations(&self) -> bool {
+        false
+    }
+
+    fn release_inode(&self, vino: ceph_client::Vino) {
+        RECALLS.fetch_add(1, Ordering::Relaxed);
+        let mut log = RECALL_LOG.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(suppressed) = log
+            .get_or_insert_with(Throttle::default)
+            .admit(Instant::now())
+        {
+            tracing::info!(
+                ino = vino.ino,
+                suppressed_before = suppressed,
+                "MDS asks to release an inode the guest holds: released when the guest forgets it"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_refusal_logging_is_rate_limited() {
+        let t = Throttle::default();
+        let start = Instant::now();
+        let admitted = (0..1000).filter(|_| t.admit(start).is_some()).count();
+        assert_eq!(admitted, LINES_PER_SEC as usize);
+        // The next window's first line reports what was suppressed.
+        assert_eq!(
+            t.admit(start + Duration::from_secs(1)),
+            Some(1000 - u64::from(LINES_PER_SEC))
+        );
+        assert_eq!(t.admit(start + Duration::from_secs(1)), Some(0));
+    }
+
+    #[test]
+    fn hostile_refusals_are_counted_per_table() {
+        let s = LimitStats::default();
+        for _ in 0..3 {
+            s.refused(Table::Nodes, 10, "lookup");
+        }
+        s.refused(Table::Handles, 10, "open");
+        assert_eq!(s.refusals(), (3, 1));
+    }
+
+    #[test]
+    fn hostile_mds_recalls_are_counted_and_only_recalls_are_taken() {
+        use ceph_client::CallbackHandler;
+        let h = RecallHandler;
+        assert!(!h.wants_invalidations());
+        let before = recalls();
+        let vino = ceph_client::Vino {
+            ino: 0x1000,
+            snapid: u64::MAX - 1,
+        };
+        for _ in 0..20 {
+            h.release_inode(vino);
+        }
+        assert!(recalls() >= before + 20);
+    }
+}
