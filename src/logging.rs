@@ -24,6 +24,7 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::{self, IsTerminal, Write};
 use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -292,7 +293,92 @@ impl<S: Subscriber> Layer<S> for RateLimit {
 fn stderr_report(line: &str) {
     let mut time = String::new();
     let _ = SystemTime.format_time(&mut FmtWriter::new(&mut time));
-    let _ = writeln!(io::stderr(), "{time}  WARN {}: {line}", module_path!());
+    let _ = writeln!(Stderr, "{time}  WARN {}: {line}", module_path!());
+}
+
+/// Log lines dropped because stderr stayed full (see [`Stderr`]).
+static STDERR_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// How long one line may wait for a full stderr pipe before it is dropped.
+const STDERR_WAIT_MS: i32 = 20;
+
+/// stderr for log lines, never failing. libcephfs makes fd 2 non-blocking when it creates its
+/// context, so once whoever reads the daemon's stderr falls behind, a write fails with EAGAIN;
+/// tracing-subscriber reports a failed write with `eprintln!`, which panics when stderr fails,
+/// in whatever thread logged: a vring worker, whose queue then stopped for good (the hostile
+/// suite's log flood). Here a line waits a little for room and is otherwise dropped and
+/// counted; the count is written with the next line that gets through.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Stderr;
+
+impl Stderr {
+    fn write_fd(buf: &[u8]) -> io::Result<usize> {
+        // SAFETY: fd 2 is the process's stderr; buf is valid for buf.len() bytes.
+        let n = unsafe { libc::write(2, buf.as_ptr().cast(), buf.len()) };
+        usize::try_from(n).map_err(|_| io::Error::last_os_error())
+    }
+
+    fn wait_writable() -> bool {
+        let mut p = libc::pollfd {
+            fd: 2,
+            events: libc::POLLOUT,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, for the duration of the call.
+        unsafe { libc::poll(&mut p, 1, STDERR_WAIT_MS) > 0 }
+    }
+
+    /// Write all of `buf`, waiting at most once for room; false if it had to be given up.
+    fn write_line(buf: &[u8]) -> bool {
+        let mut rest = buf;
+        let mut waited = false;
+        while !rest.is_empty() {
+            match Self::write_fd(rest) {
+                Ok(0) => return false,
+                Ok(n) => rest = rest.get(n..).unwrap_or_default(),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && !waited => {
+                    waited = true;
+                    if !Self::wait_writable() {
+                        return false;
+                    }
+                }
+                Err(_) => return false,
+            }
+        }
+        true
+    }
+}
+
+impl Write for Stderr {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let dropped = STDERR_DROPPED.swap(0, Ordering::Relaxed);
+        if dropped > 0 {
+            let note = format!(
+                "ceph-virtiofsd: {dropped} log lines dropped: stderr was full (is the log \
+                 collector keeping up?)\n"
+            );
+            if !Self::write_line(note.as_bytes()) {
+                STDERR_DROPPED.fetch_add(dropped, Ordering::Relaxed);
+            }
+        }
+        if !Self::write_line(buf) {
+            STDERR_DROPPED.fetch_add(1, Ordering::Relaxed);
+        }
+        // Never an error: the formatter would report it on stderr, and panic there.
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Stderr {
+    type Writer = Stderr;
+    fn make_writer(&'a self) -> Stderr {
+        Stderr
+    }
 }
 
 /// Install the global subscriber. Call once, early in `main`.
@@ -325,7 +411,7 @@ pub fn init(config: &LogConfig) {
             }
             Err(e) => {
                 let r = builder
-                    .with_writer(io::stderr)
+                    .with_writer(Stderr)
                     .finish()
                     .with(stderr_limit())
                     .try_init();
@@ -338,7 +424,7 @@ pub fn init(config: &LogConfig) {
         }
     } else {
         builder
-            .with_writer(io::stderr)
+            .with_writer(Stderr)
             .finish()
             .with(stderr_limit())
             .try_init()

@@ -637,3 +637,50 @@ fn hostile_ftruncate_through_a_handle_cannot_forge_times() {
     assert_ne!(st.stx_mtime.tv_sec, 978_307_200, "mtime forged");
     assert_ne!(st.stx_ctime.tv_sec, 978_307_200, "ctime forged");
 }
+
+/// Only a regular file has a size to set or an OPEN to serve: a directory's size is EISDIR,
+/// a FIFO's, a socket's or a symlink's EINVAL (Linux's do_truncate), and an OPEN of one of
+/// them EINVAL (the guest kernel opens those itself). Sent to libcephfs, a directory's size
+/// set and lowered killed Pacific's MDS (SIGFPE in Filer::truncate), and writes through a
+/// special file's handle tripped an MDS assert: every tenant's filesystem gone.
+#[test]
+fn hostile_sizes_and_opens_of_non_regular_files_are_refused() {
+    let s = setup("non-regular", FsConfig::default());
+    let root = ctx(0, 0);
+    let dir = s.fs.mkdir(&root, ROOT, &c("d"), 0o755, 0).unwrap();
+    let fifo =
+        s.fs.mknod(&root, ROOT, &c("fifo"), libc::S_IFIFO | 0o666, 0, 0)
+            .unwrap();
+    let sock =
+        s.fs.mknod(&root, ROOT, &c("sock"), libc::S_IFSOCK | 0o666, 0, 0)
+            .unwrap();
+    let link = s.fs.symlink(&root, &c("d"), ROOT, &c("link")).unwrap();
+    for (e, want) in [
+        (&dir, libc::EISDIR),
+        (&fifo, libc::EINVAL),
+        (&sock, libc::EINVAL),
+        (&link, libc::EINVAL),
+    ] {
+        let mut attr = e.attr;
+        for size in [4096, 0] {
+            attr.st_size = size;
+            assert_eq!(
+                errno(s.fs.setattr(&root, e.inode, attr, None, SetattrValid::SIZE)),
+                want,
+                "size {size} of mode {:o}",
+                e.attr.st_mode
+            );
+        }
+    }
+    for e in [&fifo, &sock, &link] {
+        assert_eq!(
+            errno(s.fs.open(&root, e.inode, libc::O_RDWR as u32, 0)),
+            libc::EINVAL,
+            "open of mode {:o}",
+            e.attr.st_mode
+        );
+    }
+    // The cluster is still there: the directory is listed and its attributes read.
+    assert!(s.exists("d"));
+    s.fs.getattr(&root, dir.inode, None).unwrap();
+}

@@ -1532,6 +1532,16 @@ impl FileSystem for CephFs {
         valid: SetattrValid,
     ) -> io::Result<(stat64, Duration)> {
         let node = self.node_op(inode, "setattr", ctx)?;
+        // Only a regular file has a size to set (Linux's do_truncate: EISDIR, else EINVAL).
+        // Pacific's MDS dies of the others: a directory's size set and then lowered is a
+        // SIGFPE in Filer::truncate, a special file's trips an assert (hostile suite).
+        if valid.contains(SetattrValid::SIZE) && node.kind != libc::S_IFREG {
+            return Err(errno(if node.is_dir() {
+                libc::EISDIR
+            } else {
+                libc::EINVAL
+            }));
+        }
         // A handle, when given, must be one of ours for this node.
         let through_writable_handle = match handle {
             Some(fh) => match &self.handles.get(inode, fh).map_err(errno)?.handle {
@@ -1833,6 +1843,12 @@ impl FileSystem for CephFs {
         let node = self.node_op(inode, "open", ctx)?;
         if node.is_dir() {
             return Err(errno(libc::EISDIR));
+        }
+        // The guest kernel opens FIFOs, sockets and devices itself (no OPEN is sent for
+        // them), and a libcephfs handle of one lets writes ask the MDS for a max_size it
+        // asserts only files have (the MDS aborts): a request for one is refused.
+        if node.kind != libc::S_IFREG {
+            return Err(errno(libc::EINVAL));
         }
         let perm = self.perm(ctx);
         // O_DIRECT goes through: libcephfs then writes to the OSDs before WRITE is answered
