@@ -50,6 +50,18 @@ pub fn kill_suidgid(mode: u32) -> Option<u32> {
     (new != mode).then_some(new)
 }
 
+/// The mode the MDS leaves after `CEPH_SETATTR_KILL_SGUID`: both bits go when any execute bit
+/// is set, none otherwise. Where that is [`kill_suidgid`]'s answer the kill can be left to the
+/// MDS (atomic with any chmod racing it); elsewhere (setgid without group-exec but another
+/// execute bit, or setuid without any) the mode is written explicitly.
+pub fn mds_kill_sguid(mode: u32) -> u32 {
+    if mode & 0o111 != 0 {
+        mode & !(libc::S_ISUID | libc::S_ISGID)
+    } else {
+        mode
+    }
+}
+
 /// Decide what a request has to clear.
 ///
 /// - `mode`: the inode's current mode (from libcephfs's cache, kept coherent by MDS caps);
@@ -72,6 +84,18 @@ pub fn decide(trigger: Trigger, mode: u32, is_dir: bool, kill_flag: bool, has_ca
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn mds_kill_matches_linux_only_where_setgid_is_a_privilege() {
+        // Linux keeps setgid without group-exec; the MDS's kill takes it with any x bit.
+        assert_eq!(kill_suidgid(0o2700), None);
+        assert_eq!(mds_kill_sguid(0o2700), 0o0700);
+        assert_eq!(kill_suidgid(0o6755), Some(0o0755));
+        assert_eq!(mds_kill_sguid(0o6755), 0o0755);
+        // setuid without any x: Linux clears it, the MDS does not.
+        assert_eq!(kill_suidgid(0o4644), Some(0o0644));
+        assert_eq!(mds_kill_sguid(0o4644), 0o4644);
+    }
+
     use super::*;
 
     const SUID: u32 = libc::S_ISUID;

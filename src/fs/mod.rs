@@ -853,22 +853,28 @@ impl CephFs {
                     .getattr(&node.inode, CEPH_STATX_MODE, 0, &root)?
                     .stx_mode,
             );
-            if cur & 0o111 != 0 {
-                self.mount.setattr(
-                    &node.inode,
-                    &Statx::default(),
-                    CEPH_SETATTR_KILL_SGUID,
-                    &root,
-                )?;
-            } else if let Some(m) = killpriv::kill_suidgid(cur) {
-                // Without any execute bit the MDS leaves setuid alone; Linux clears it (a later
-                // chmod +x must not make a setuid program of what another user wrote).
-                let st = Statx {
-                    stx_mode: (m & 0o7777) as u16,
-                    ..Default::default()
-                };
-                self.mount
-                    .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?;
+            match killpriv::kill_suidgid(cur) {
+                None => {}
+                Some(m) if killpriv::mds_kill_sguid(cur) == m => {
+                    self.mount.setattr(
+                        &node.inode,
+                        &Statx::default(),
+                        CEPH_SETATTR_KILL_SGUID,
+                        &root,
+                    )?;
+                }
+                // The MDS's rule differs from Linux's here: without any execute bit it leaves
+                // setuid alone (a later chmod +x must not make a setuid program of what
+                // another user wrote), and with one it also takes setgid without group-exec
+                // (a mandatory-locking marker Linux keeps). The mode is written instead.
+                Some(m) => {
+                    let st = Statx {
+                        stx_mode: (m & 0o7777) as u16,
+                        ..Default::default()
+                    };
+                    self.mount
+                        .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?;
+                }
             }
         }
         if kill.remove_caps {
