@@ -935,3 +935,44 @@ fn hostile_lookups_and_opens_without_forget_or_release_grow_the_tables() {
     assert_eq!(after.nodes, base.nodes, "nodes left after forgetting all");
     assert!(!daemon.log_text().contains("panicked"));
 }
+
+#[test]
+fn hostile_replies_the_guest_cannot_receive_leak_no_handle_or_node() {
+    use common::hostile::daemon_stats;
+    let lab = Lab::get();
+    let (daemon, export, metrics) = hostile_daemon(&lab, "hostile-undelivered", &[]);
+    let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    let base = daemon_stats(&daemon, &metrics);
+    // OPEN, OPENDIR and LOOKUP whose writable buffer cannot hold the reply (15 bytes: not even
+    // the reply header), or lies outside guest memory: the guest never learns the handle or
+    // node id, so it can never release or forget it.
+    for (i, tokens) in ["w:15", "xw:oob:4096", "w:0"].iter().enumerate() {
+        for _ in 0..20 {
+            let u = h.next_unique();
+            let open = request(op::OPEN, u, file, None, &Body::new().u32(0).u32(0).0);
+            let a = h.chain(1, &format!("r:{} {tokens}", common::hostile::hex(&open)));
+            assert!(
+                !matches!(a, Answer::Lost | Answer::Bogus(_)),
+                "case {i}: {a:?}"
+            );
+            let u = h.next_unique();
+            let opendir = request(op::OPENDIR, u, 1, None, &Body::new().u32(0).u32(0).0);
+            h.chain(1, &format!("r:{} {tokens}", common::hostile::hex(&opendir)));
+            let u = h.next_unique();
+            let lookup = request(op::LOOKUP, u, 1, None, &Body::new().name(b"d").0);
+            h.chain(1, &format!("r:{} {tokens}", common::hostile::hex(&lookup)));
+        }
+    }
+    assert!(h.alive());
+    let after = daemon_stats(&daemon, &metrics);
+    println!("hostile undelivered replies: before {base:?}, after {after:?}");
+    assert_eq!(
+        after.handles, base.handles,
+        "60 OPEN and 60 OPENDIR whose replies could not be delivered left handles behind"
+    );
+    assert_eq!(
+        after.nodes, base.nodes,
+        "60 LOOKUP whose replies could not be delivered left nodes behind"
+    );
+}

@@ -675,10 +675,26 @@ fn mangle(r: &mut Rng, req: Vec<u8>, mem: u64) -> (Vec<DescSpec>, &'static str, 
             for _ in 0..8 {
                 v.push(write(1 + r.below(64) as u32));
             }
-            v.push(write(REPLY_LEN));
+            v.push(write(REPLY_LEN - 8 * 64));
             (v, "split-writable", true)
         }
     }
+}
+
+/// The first readable descriptor that holds a whole in-header (inside an indirect table too).
+fn first_header(descs: &mut [DescSpec]) -> Option<&mut Vec<u8>> {
+    for d in descs {
+        match &mut d.buf {
+            Buf::Read(b) if b.len() >= wire::IN_HDR => return Some(b),
+            Buf::Indirect(inner) => {
+                if let Some(b) = first_header(inner) {
+                    return Some(b);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// Generate the next case. `corpus`: earlier cases that found a new (opcode, errno).
@@ -708,27 +724,23 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case]) -> C
         if let Some(c) = r.pick(corpus) {
             // A case that reached something new, with a few bytes changed.
             let mut c = c.clone();
-            for d in &mut c.descs {
-                if let Buf::Read(bytes) = &mut d.buf {
-                    if bytes.len() >= wire::IN_HDR {
-                        bytes[8..16].copy_from_slice(&unique.to_le_bytes());
+            if let Some(bytes) = first_header(&mut c.descs) {
+                bytes[8..16].copy_from_slice(&unique.to_le_bytes());
+                for _ in 0..1 + r.below(3) {
+                    if bytes.len() > wire::IN_HDR {
+                        let at =
+                            wire::IN_HDR + r.below((bytes.len() - wire::IN_HDR) as u64) as usize;
+                        bytes[at] = r.u64() as u8;
                     }
-                    for _ in 0..1 + r.below(3) {
-                        if bytes.len() > wire::IN_HDR {
-                            let at = wire::IN_HDR
-                                + r.below((bytes.len() - wire::IN_HDR) as u64) as usize;
-                            bytes[at] = r.u64() as u8;
-                        }
-                    }
-                    if r.chance(200) && bytes.len() >= 24 {
-                        let n = node(r, k);
-                        bytes[16..24].copy_from_slice(&n.to_le_bytes());
-                    }
-                    break;
+                }
+                if r.chance(200) {
+                    let n = node(r, k);
+                    bytes[16..24].copy_from_slice(&n.to_le_bytes());
                 }
             }
             c.unique = c.unique.map(|_| unique);
             c.kind = "corpus-mutant";
+            c.proper = false;
             return c;
         }
     }
@@ -782,7 +794,10 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case]) -> C
     } else {
         (vec![read(req), write(REPLY_LEN)], "request", true)
     };
-    let proper = chain_ok && len.is_none() && op != wire::FORGET && op != wire::BATCH_FORGET;
+    // FORGET, BATCH_FORGET and INTERRUPT have no reply in the protocol.
+    let proper = chain_ok
+        && len.is_none()
+        && !matches!(op, wire::FORGET | wire::BATCH_FORGET | wire::INTERRUPT);
     Case {
         queue: 1,
         descs,
