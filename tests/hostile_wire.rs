@@ -976,3 +976,46 @@ fn hostile_replies_the_guest_cannot_receive_leak_no_handle_or_node() {
         "60 LOOKUP whose replies could not be delivered left nodes behind"
     );
 }
+
+#[test]
+fn hostile_mknod_of_a_directory_type_is_refused_and_the_mds_survives() {
+    // On a cluster of its own: on Pacific one MKNOD of type S_IFDIR that reaches the MDS
+    // aborts it (C_MDS_mknod_finish: ceph_assert(dir)), taking CephFS down for every client.
+    let shared = Lab::get();
+    let private = common::hostile::PrivateCluster::start(&shared, "hostile-mknod-dir-cluster");
+    let lab = &private.lab;
+    let (daemon, export, _m) = hostile_daemon(lab, "hostile-mknod-dir", &[]);
+    let mut h = Hostile::connect(lab, &daemon, &export, &[]);
+    h.set_timeout_ms(20_000);
+    let mut f = Failures::new();
+    for (what, mode) in [
+        ("S_IFDIR", libc::S_IFDIR | 0o755),
+        ("every type bit (0o170000)", libc::S_IFMT | 0o644),
+    ] {
+        let a = h.req(
+            op::MKNOD,
+            1,
+            &Body::new()
+                .u32(mode)
+                .u32(0)
+                .u32(0)
+                .u32(0)
+                .name(format!("m{mode:o}").as_bytes())
+                .0,
+        );
+        let (healthy, status) = private.healthy();
+        f.check(
+            healthy,
+            format!("MKNOD of type {what}: the MDS is down afterwards:\n{status}"),
+        );
+        if !healthy {
+            break;
+        }
+        f.check(
+            refused(&a),
+            format!("MKNOD of type {what}: not refused: {a:?}"),
+        );
+        f.survived(&mut h, &format!("MKNOD of type {what}"), &a);
+    }
+    f.assert_none(&daemon);
+}

@@ -483,3 +483,68 @@ pub fn hostile_daemon(lab: &Lab, name: &str, extra: &[&str]) -> (Daemon, String,
     let d = Daemon::start(lab, &work, &export, &args);
     (d, export, metrics)
 }
+
+/// A Ceph cluster of a test's own, for attacks that may take the MDS down (which must not end
+/// the shared lab cluster for every other test). Stopped when dropped.
+pub struct PrivateCluster {
+    pub dir: PathBuf,
+    pub lab: Lab,
+}
+
+impl PrivateCluster {
+    pub fn start(lab: &Lab, name: &str) -> PrivateCluster {
+        let dir = lab.scratch(name).join("cluster");
+        let script = lab.top.join("tests/lab/ceph-dev-cluster");
+        let out = Command::new(&script)
+            .arg("start")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tests/lab/ceph-dev-cluster start");
+        assert!(
+            out.status.success(),
+            "starting a private cluster in {} failed:\n{}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let conf = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .expect("ceph-dev-cluster prints the ceph.conf path")
+            .trim()
+            .to_owned();
+        PrivateCluster {
+            dir,
+            lab: Lab {
+                conf: conf.into(),
+                client_id: "admin".into(),
+                kernel_cache: lab.kernel_cache.clone(),
+                guest_bin: lab.guest_bin.clone(),
+                dir: lab.dir.clone(),
+                top: lab.top.clone(),
+            },
+        }
+    }
+
+    /// `ceph-dev-cluster status`: every daemon running and the MDS active.
+    pub fn healthy(&self) -> (bool, String) {
+        let out = Command::new(self.lab.top.join("tests/lab/ceph-dev-cluster"))
+            .arg("status")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tests/lab/ceph-dev-cluster status");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && text.contains("up:active"), text)
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        let _ = Command::new(self.lab.top.join("tests/lab/ceph-dev-cluster"))
+            .arg("stop")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output();
+    }
+}
