@@ -1019,3 +1019,45 @@ fn hostile_mknod_of_a_directory_type_is_refused_and_the_mds_survives() {
     }
     f.assert_none(&daemon);
 }
+
+#[test]
+fn hostile_truncate_of_a_directory_is_refused() {
+    // On a cluster of its own: the Pacific MDS takes a size change of a directory ("unmatched
+    // rstat" errors follow), and the fuzzer saw it die of SIGFPE in Filer::truncate after one.
+    let shared = Lab::get();
+    let private = common::hostile::PrivateCluster::start(&shared, "hostile-dir-size-cluster");
+    let lab = &private.lab;
+    let (daemon, export, _m) = hostile_daemon(lab, "hostile-dir-size", &[]);
+    let mut h = Hostile::connect(lab, &daemon, &export, &[]);
+    h.set_timeout_ms(20_000);
+    let mut f = Failures::new();
+    let d = h.lookup(1, b"d").entry().expect("lookup d").0;
+    for (node, what) in [(1u64, "the export root"), (d, "a subdirectory")] {
+        for size in [1u64 << 20, 10, 0] {
+            // SETATTR with FATTR_SIZE, as root.
+            let body = Body::new()
+                .u32(1 << 3)
+                .u32(0)
+                .u64(0)
+                .u64(size)
+                .bytes(&[0; 64])
+                .0;
+            let u = h.next_unique();
+            let mut req = request(op::SETATTR, u, node, None, &body);
+            req[24..32].fill(0); // uid 0, gid 0
+            let a = h.raw(1, &req, REPLY);
+            let w = format!("SETATTR size {size} of {what}");
+            f.check(
+                errno_of(&a) == Some(libc::EISDIR),
+                format!("{w}: want EISDIR, got {a:?}"),
+            );
+            f.survived(&mut h, &w, &a);
+            let (healthy, status) = private.healthy();
+            f.check(
+                healthy,
+                format!("{w}: the MDS is down afterwards:\n{status}"),
+            );
+        }
+    }
+    f.assert_none(&daemon);
+}
