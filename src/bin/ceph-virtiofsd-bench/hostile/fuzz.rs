@@ -42,6 +42,8 @@ pub struct FuzzOpts {
     pub timeout: Duration,
     /// Findings of one kind printed in full (the rest only counted).
     pub print_per_kind: u64,
+    /// Per mille of generated requests that change the tree.
+    pub mutating_per_mille: u64,
 }
 
 #[derive(Debug, Default)]
@@ -218,6 +220,7 @@ impl<'a> Fuzzer<'a> {
                     unique,
                     self.s.dev.mem_size,
                     &self.corpus,
+                    self.o.mutating_per_mille,
                 );
                 if !self.publish(case, issued) {
                     break;

@@ -236,16 +236,23 @@ const ODD: [u32; 11] = [
     wire::FORGET,
 ];
 
-fn opcode(r: &mut Rng) -> u32 {
-    match r.below(100) {
+/// An opcode: `mutating` per mille of them change the tree (those wait for the MDS's journal,
+/// so they set the pace of a run), the rest read, are odd, or are unknown.
+fn opcode(r: &mut Rng, mutating: u64) -> u32 {
+    if r.chance(mutating) {
+        return r.pick(&MUTATING_BELOW_50).copied().unwrap_or(wire::MKDIR);
+    }
+    match r.below(88) {
         0..=69 => r.pick(&READING).copied().unwrap_or(wire::LOOKUP),
-        70..=81 => r.pick(&MUTATING_BELOW_50).copied().unwrap_or(wire::MKDIR),
-        82..=89 => r.pick(&ODD).copied().unwrap_or(wire::POLL),
-        90..=93 => r.pick(&wire::UNKNOWN_BELOW_50).copied().unwrap_or(0),
-        94..=96 => 51 + r.below(200) as u32,
+        70..=77 => r.pick(&ODD).copied().unwrap_or(wire::POLL),
+        78..=81 => r.pick(&wire::UNKNOWN_BELOW_50).copied().unwrap_or(0),
+        82..=84 => 51 + r.below(200) as u32,
         _ => r.u32().max(51),
     }
 }
+
+/// The share of tree-changing requests when not told otherwise (per mille).
+pub const MUTATING_PER_MILLE: u64 = 120;
 
 /// The body of `op` with hostile values in a valid layout.
 fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
@@ -695,7 +702,7 @@ fn first_header(descs: &mut [DescSpec]) -> Option<&mut Vec<u8>> {
 }
 
 /// Generate the next case. `corpus`: earlier cases that found a new (opcode, errno).
-pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case]) -> Case {
+pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], mutating: u64) -> Case {
     let roll = r.below(100);
     if roll < 6 {
         // Raw garbage: random bytes, sometimes behind a plausible length and opcode.
@@ -704,7 +711,7 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case]) -> C
         if v.len() >= 8 && r.chance(500) {
             let len = v.len() as u32;
             v[0..4].copy_from_slice(&len.to_le_bytes());
-            let op = opcode(r);
+            let op = opcode(r, mutating);
             v[4..8].copy_from_slice(&op.to_le_bytes());
         }
         let opcode = wire::in_header(&v).map_or(u32::MAX, |h| h.1);
@@ -767,7 +774,7 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case]) -> C
             kind: "forget",
         };
     }
-    let op = opcode(r);
+    let op = opcode(r, mutating);
     let body = body(r, k, op);
     let len = match r.below(20) {
         0 => Some(r.u32()),
@@ -837,18 +844,24 @@ mod tests {
         let k = Known::new();
         let a: Vec<String> = (0..200)
             .scan(Rng::new(7), |r, i| {
-                Some(tokens(&next(r, &k, i, 1 << 24, &[]).descs))
+                Some(tokens(
+                    &next(r, &k, i, 1 << 24, &[], MUTATING_PER_MILLE).descs,
+                ))
             })
             .collect();
         let b: Vec<String> = (0..200)
             .scan(Rng::new(7), |r, i| {
-                Some(tokens(&next(r, &k, i, 1 << 24, &[]).descs))
+                Some(tokens(
+                    &next(r, &k, i, 1 << 24, &[], MUTATING_PER_MILLE).descs,
+                ))
             })
             .collect();
         assert_eq!(a, b);
         let c: Vec<String> = (0..200)
             .scan(Rng::new(8), |r, i| {
-                Some(tokens(&next(r, &k, i, 1 << 24, &[]).descs))
+                Some(tokens(
+                    &next(r, &k, i, 1 << 24, &[], MUTATING_PER_MILLE).descs,
+                ))
             })
             .collect();
         assert_ne!(a, c);
@@ -859,7 +872,7 @@ mod tests {
         let k = Known::new();
         let mut r = Rng::new(3);
         for i in 0..2000 {
-            let c = next(&mut r, &k, i, 1 << 24, &[]);
+            let c = next(&mut r, &k, i, 1 << 24, &[], MUTATING_PER_MILLE);
             let t = tokens(&c.descs);
             let toks: Vec<&str> = t.split_whitespace().collect();
             // Nested indirect tables have no token form; every other chain round-trips.

@@ -101,6 +101,10 @@ struct FuzzArgs {
     /// Findings of one kind printed in full (the others are counted).
     #[arg(long, default_value_t = 5)]
     print_per_kind: u64,
+    /// Per mille of requests that change the tree (MKDIR, CREATE, WRITE, RENAME, ...): they
+    /// wait for the MDS's journal and set the pace of a run.
+    #[arg(long, default_value_t = gen::MUTATING_PER_MILLE)]
+    mutating_per_mille: u64,
 }
 
 fn connect(c: &Common, init: bool) -> Result<session::Session, String> {
@@ -161,6 +165,7 @@ pub fn main(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
                 max_handles: a.max_handles,
                 timeout: Duration::from_millis(a.c.timeout_ms),
                 print_per_kind: a.print_per_kind,
+                mutating_per_mille: a.mutating_per_mille.min(1000),
             };
             let sum = fuzz::Fuzzer::new(&mut s, &mut o, opts).run();
             print_summary(&sum, a.seed);
