@@ -307,7 +307,7 @@ impl Device {
             }
             let at = in_area.0 + *in_used;
             self.write(GuestAddress(at), b)?;
-            // Keep following pieces 8-byte aligned (indirect tables must be 16-aligned).
+            // Keep following pieces 16-byte aligned (indirect tables must be).
             *in_used = align(*in_used + len, 16);
             Ok(at)
         };
@@ -335,11 +335,7 @@ impl Device {
                 Buf::Indirect(inner) => {
                     // Laid out after everything else of this chain's readable bytes.
                     let mut table = Vec::with_capacity(16 * inner.len());
-                    let mut pending = Vec::new();
                     for (k, e) in inner.iter().enumerate() {
-                        pending.push((k, e));
-                    }
-                    for (k, e) in pending {
                         let (addr, len, base_flags) = match &e.buf {
                             Buf::Read(b) => (place(b, in_used)?, b.len() as u32, 0),
                             Buf::Write(n) => {
