@@ -1061,3 +1061,37 @@ fn hostile_truncate_of_a_directory_is_refused() {
     }
     f.assert_none(&daemon);
 }
+
+#[test]
+fn hostile_log_flood_into_a_stalled_stderr_does_not_kill_the_daemon() {
+    // libcephfs makes the daemon's stderr non-blocking (Log::_configure_stderr); once a log
+    // reader falls behind, a write fails with EAGAIN. Every request below is logged at error
+    // level by fuse-backend-rs; the pipe holds 64 KiB, a few hundred lines.
+    let lab = Lab::get();
+    let export = common::hostile::hostile_tree(&lab, "hostile-log-flood");
+    let work = lab.scratch("hostile-log-flood");
+    let (mut daemon, _stalled) = common::hostile::daemon_with_stalled_stderr(
+        &lab,
+        &work,
+        &export,
+        &["--log-level", "error"],
+    );
+    let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
+    h.set_timeout_ms(20_000);
+    let mut f = Failures::new();
+    for i in 0..3000u32 {
+        // LOOKUP of a name without its NUL: refused, and logged with the name's bytes.
+        let a = h.req(op::LOOKUP, 1, &[b'n'; 200]);
+        if matches!(a, Answer::Lost | Answer::Bogus(_)) {
+            f.check(false, format!("request {i} of the flood: {a:?}"));
+            break;
+        }
+    }
+    f.check(
+        h.alive(),
+        "the daemon stopped answering after the log flood",
+    );
+    let status = daemon.child.as_mut().unwrap().try_wait().unwrap();
+    f.check(status.is_none(), format!("the daemon exited: {status:?}"));
+    f.assert_none(&daemon);
+}

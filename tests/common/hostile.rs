@@ -548,3 +548,50 @@ impl Drop for PrivateCluster {
             .output();
     }
 }
+
+/// A daemon whose stderr is a pipe nobody reads (as a log collector that has fallen behind),
+/// and that pipe's read end (kept open, so writes do not fail with EPIPE). Stdout goes to the
+/// usual log file.
+pub fn daemon_with_stalled_stderr(
+    lab: &Lab,
+    work: &Path,
+    ceph_root: &str,
+    extra: &[&str],
+) -> (Daemon, std::process::ChildStderr) {
+    let socket = work.join("vhost-fs.sock");
+    let log = work.join("daemon.log");
+    let logf = std::fs::File::create(&log).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
+        .arg("--socket-path")
+        .arg(&socket)
+        .arg("--ceph-conf")
+        .arg(&lab.conf)
+        .args(["--client-id", &lab.client_id, "--ceph-root", ceph_root])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(logf)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start ceph-virtiofsd");
+    let stderr = child.stderr.take().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !socket.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "ceph-virtiofsd exited before listening"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ceph-virtiofsd did not listen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    (
+        Daemon {
+            child: Some(child),
+            socket,
+            log,
+        },
+        stderr,
+    )
+}
