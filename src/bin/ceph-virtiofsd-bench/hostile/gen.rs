@@ -685,6 +685,36 @@ fn mangle(r: &mut Rng, req: Vec<u8>, mem: u64) -> (Vec<DescSpec>, &'static str, 
     }
 }
 
+/// Keep a request away from what aborts the Pacific MDS (see `body`), whatever a mutation
+/// or garbage made of it: MKNOD and CREATE make regular files, a SETATTR changes the size
+/// only through a handle.
+fn defang(req: &mut [u8]) {
+    let Some((_, op, _, _)) = wire::in_header(req) else {
+        return;
+    };
+    let body = wire::IN_HDR;
+    let at = match op {
+        wire::MKNOD => body,
+        wire::CREATE => body + 4,
+        wire::SETATTR => {
+            if let Some(v) = req.get_mut(body..body + 4) {
+                let mut valid = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
+                if valid & (1 << 6) == 0 {
+                    valid &= !(1 << 3);
+                }
+                v.copy_from_slice(&valid.to_le_bytes());
+            }
+            return;
+        }
+        _ => return,
+    };
+    if let Some(m) = req.get_mut(at..at + 4) {
+        let mode = u32::from_le_bytes([m[0], m[1], m[2], m[3]]);
+        let mode = (mode & !libc::S_IFMT) | libc::S_IFREG;
+        m.copy_from_slice(&mode.to_le_bytes());
+    }
+}
+
 /// The first readable descriptor that holds a whole in-header (inside an indirect table too).
 fn first_header(descs: &mut [DescSpec]) -> Option<&mut Vec<u8>> {
     for d in descs {
@@ -714,6 +744,7 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
             let op = opcode(r, mutating);
             v[4..8].copy_from_slice(&op.to_le_bytes());
         }
+        defang(&mut v);
         let opcode = wire::in_header(&v).map_or(u32::MAX, |h| h.1);
         return Case {
             queue: 1,
@@ -728,6 +759,13 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
         if let Some(c) = r.pick(corpus) {
             // A case that reached something new, with a few bytes changed.
             let mut c = c.clone();
+            // Only requests whole in one descriptor: a byte changed in a piece of a split
+            // request could not be defanged.
+            let whole = matches!(c.descs.first().map(|d| &d.buf),
+                Some(Buf::Read(b)) if wire::in_header(b).is_some_and(|h| h.0 as usize == b.len()));
+            if !whole {
+                c.descs = vec![read(Vec::new()), write(REPLY_LEN)];
+            }
             if let Some(bytes) = first_header(&mut c.descs) {
                 bytes[8..16].copy_from_slice(&unique.to_le_bytes());
                 for _ in 0..1 + r.below(3) {
@@ -741,6 +779,7 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
                     let n = node(r, k);
                     bytes[16..24].copy_from_slice(&n.to_le_bytes());
                 }
+                defang(bytes);
             }
             c.unique = c.unique.map(|_| unique);
             c.kind = "corpus-mutant";
@@ -792,7 +831,8 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
         gid: if r.chance(900) { 1000 } else { r.u32() },
         pid: r.u32() & 0xffff,
     };
-    let req = wire::request(&h, &[&body]);
+    let mut req = wire::request(&h, &[&body]);
+    defang(&mut req);
     let (descs, kind, chain_ok) = if r.chance(150) {
         mangle(r, req, mem)
     } else {
@@ -865,6 +905,43 @@ mod tests {
             })
             .collect();
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn no_generated_request_makes_a_directory_by_mknod_or_sets_a_size_without_handle() {
+        let k = Known::new();
+        let mut r = Rng::new(5);
+        let mut corpus = Vec::new();
+        for i in 0..200_000 {
+            let c = next(&mut r, &k, i, 1 << 24, &corpus, 300);
+            for d in &c.descs {
+                if let Buf::Read(b) = &d.buf {
+                    if let Some((_, op, _, _)) = wire::in_header(b) {
+                        let u = |at: usize| {
+                            b.get(at..at + 4)
+                                .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
+                        };
+                        if op == wire::MKNOD {
+                            assert!(
+                                u(40).map_or(true, |m| m & libc::S_IFMT == libc::S_IFREG),
+                                "{}",
+                                tokens(&c.descs)
+                            );
+                        }
+                        if op == wire::SETATTR {
+                            assert!(
+                                u(40).map_or(true, |v| v & (1 << 3) == 0 || v & (1 << 6) != 0),
+                                "{}",
+                                tokens(&c.descs)
+                            );
+                        }
+                    }
+                }
+            }
+            if corpus.len() < 64 {
+                corpus.push(c);
+            }
+        }
     }
 
     #[test]
