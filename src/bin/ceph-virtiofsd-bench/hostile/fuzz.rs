@@ -324,6 +324,7 @@ impl<'a> Fuzzer<'a> {
             match self.s.dev.publish(HIPRIO_QUEUE, slot, &case.descs) {
                 Ok(_) => {
                     self.hi_inflight[slot] = Some(index);
+                    self.s.reserve(HIPRIO_QUEUE, slot, true);
                     let _ = self.s.dev.flush(HIPRIO_QUEUE);
                     *self.sum.kinds.entry(case.kind).or_insert(0) += 1;
                 }
@@ -341,6 +342,7 @@ impl<'a> Fuzzer<'a> {
                 let offered =
                     p.writable.iter().map(|w| u64::from(w.1)).sum::<u64>() + raw_writable(&case);
                 *self.sum.kinds.entry(case.kind).or_insert(0) += 1;
+                self.s.reserve(REQUEST_QUEUE, slot, true);
                 self.inflight[slot] = Some(InFlight {
                     case,
                     index,
@@ -366,6 +368,7 @@ impl<'a> Fuzzer<'a> {
             match self.hi_inflight.get_mut(slot) {
                 Some(x @ Some(_)) if id % u32::from(DESCS_PER_SLOT) == 0 => {
                     *x = None;
+                    self.s.reserve(HIPRIO_QUEUE, slot, false);
                 }
                 _ => {
                     self.sum.malformed_replies += 1;
@@ -382,6 +385,7 @@ impl<'a> Fuzzer<'a> {
             .flatten()
         else {
             if self.retired.remove(&slot) {
+                self.s.reserve(REQUEST_QUEUE, slot, false);
                 return; // a lost chain came back late
             }
             self.sum.malformed_replies += 1;
@@ -394,6 +398,7 @@ impl<'a> Fuzzer<'a> {
             return;
         };
         self.sum.answered += 1;
+        self.s.reserve(REQUEST_QUEUE, slot, false);
         let case = &f.case;
         if u64::from(written) > f.offered {
             self.sum.malformed_replies += 1;
@@ -502,6 +507,13 @@ impl<'a> Fuzzer<'a> {
 
     /// Forget and release everything we hold, judge pending inodes, check liveness and bounds.
     fn checkpoint(&mut self, issued: u64) -> bool {
+        // The hiprio queue's completions must not be taken by the session's sends below (and
+        // the other way round): let our FORGETs come back first.
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        while self.hi_inflight.iter().any(Option::is_some) && std::time::Instant::now() < until {
+            self.reap_hiprio();
+            std::thread::sleep(Duration::from_millis(1));
+        }
         // Release handles first (a handle pins its node).
         let handles = std::mem::take(&mut self.known.handles);
         for h in handles {

@@ -23,6 +23,8 @@ pub struct Session {
     pub timeout: Duration,
     /// Per queue: the chain published on each slot and not yet returned.
     busy: Vec<Vec<Option<Published>>>,
+    /// Slots another user of the device (the fuzzer) has chains in flight on.
+    reserved: Vec<Vec<bool>>,
     next: Vec<usize>,
     unique: u64,
 }
@@ -44,10 +46,14 @@ impl Session {
             .map(|q| vec![None; dev.slots(q)])
             .collect();
         let next = vec![0; dev.queues.len()];
+        let reserved = (0..dev.queues.len())
+            .map(|q| vec![false; dev.slots(q)])
+            .collect();
         Session {
             dev,
             timeout,
             busy,
+            reserved,
             next,
             unique: 0,
         }
@@ -90,11 +96,18 @@ impl Session {
         self.send(REQUEST_QUEUE, &wire::request(&h, body), REPLY_LEN)
     }
 
+    /// Mark `slot` of `queue` as used by someone else (or free again): `chain` leaves it be.
+    pub fn reserve(&mut self, queue: usize, slot: usize, reserved: bool) {
+        if let Some(r) = self.reserved.get_mut(queue).and_then(|q| q.get_mut(slot)) {
+            *r = reserved;
+        }
+    }
+
     fn free_slot(&mut self, queue: usize) -> Option<usize> {
         let n = self.busy[queue].len();
         (0..n)
             .map(|k| (self.next[queue] + k) % n)
-            .find(|&s| self.busy[queue][s].is_none())
+            .find(|&s| self.busy[queue][s].is_none() && !self.reserved[queue][s])
     }
 
     /// Any chain: publish, wait for it, read what was written into its writable buffers.
