@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod hostile;
+
 use std::ffi::CString;
 use std::io::Read;
 use std::os::unix::process::ExitStatusExt;

@@ -9,6 +9,7 @@ mod asok;
 mod backend;
 mod floor;
 mod fuse;
+mod hostile;
 mod session;
 mod stats;
 mod virtq;
@@ -379,6 +380,10 @@ fn run(cfg: &Config) -> Result<bool, RunError> {
 }
 
 fn main() -> ExitCode {
+    // `ceph-virtiofsd-bench hostile ...`: the hostile-guest tools (see hostile/mod.rs).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "hostile") {
+        return hostile::main(std::env::args_os().skip(1));
+    }
     let cfg = match Config::try_from(Args::parse()) {
         Ok(c) => c,
         Err(e) => {

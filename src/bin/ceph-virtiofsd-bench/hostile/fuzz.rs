@@ -1,0 +1,639 @@
+//! `hostile fuzz`: drive a daemon with generated requests and chains, many in flight, and judge
+//! every answer:
+//!
+//! - the daemon stays alive and answering (process not gone, a GETATTR of node 1 answered at
+//!   every checkpoint and at the end, no chain lost);
+//! - no escape: every inode number an entry or attr reply hands out is inside the export
+//!   (the [`Oracle`]);
+//! - replies are well-formed: a written length within what was offered, a reply header whose
+//!   length is the written length, an errno in 0..=4095, the request's unique echoed;
+//! - bounded: at each checkpoint the fuzzer forgets every node and releases every handle it
+//!   was given, then the daemon's node and handle tables (its metrics endpoint) and its RSS
+//!   (/proc) must stay under the given bounds.
+//!
+//! Feedback: a request whose (opcode, errno) pair is new joins a corpus that later requests
+//! are mutated from (a cheap coverage signal that needs no instrumented build).
+//!
+//! Each finding is printed with its request number, the seed and the chain as `hostile serve`
+//! tokens, which replays that one request.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::device::{Buf, DESCS_PER_SLOT};
+use super::gen::{self, Case, Known, Rng};
+use super::oracle::{Oracle, Verdict};
+use super::session::{Session, HIPRIO_QUEUE, REQUEST_QUEUE};
+use super::wire::{self, Header};
+
+#[derive(Debug, Clone)]
+pub struct FuzzOpts {
+    pub requests: u64,
+    pub seed: u64,
+    pub depth: usize,
+    pub checkpoint_every: u64,
+    pub pid: Option<u32>,
+    pub metrics_socket: Option<PathBuf>,
+    pub max_rss_mib: u64,
+    pub max_nodes: u64,
+    pub max_handles: u64,
+    /// A chain not returned within this is lost.
+    pub timeout: Duration,
+    /// Findings of one kind printed in full (the rest only counted).
+    pub print_per_kind: u64,
+    /// Per mille of generated requests that change the tree.
+    pub mutating_per_mille: u64,
+}
+
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub sent: u64,
+    pub answered: u64,
+    pub escapes: u64,
+    pub lost: u64,
+    pub malformed_replies: u64,
+    pub unanswered_proper: u64,
+    pub bound_violations: u64,
+    pub dead: bool,
+    pub pairs: usize,
+    pub max_rss_kib: u64,
+    pub max_nodes: u64,
+    pub max_handles: u64,
+    pub elapsed: Duration,
+    pub findings: HashMap<&'static str, u64>,
+    pub kinds: HashMap<&'static str, u64>,
+    pub unanswered_by_op: HashMap<u32, u64>,
+}
+
+impl Summary {
+    pub fn failed(&self) -> bool {
+        self.dead
+            || self.escapes > 0
+            || self.lost > 0
+            || self.malformed_replies > 0
+            || self.bound_violations > 0
+    }
+}
+
+struct InFlight {
+    case: Case,
+    index: u64,
+    published: super::device::Published,
+    offered: u64,
+}
+
+/// The daemon's resident set, from /proc.
+pub fn rss_kib(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// Is process `pid` there and not a zombie?
+pub fn running(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X"),
+        Err(_) => false,
+    }
+}
+
+/// One sample of the daemon's Prometheus text over its metrics unix socket.
+pub fn scrape(socket: &std::path::Path) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out.split_once("\r\n\r\n")?.1.to_owned())
+}
+
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+pub struct Fuzzer<'a> {
+    s: &'a mut Session,
+    oracle: &'a mut Oracle,
+    o: FuzzOpts,
+    rng: Rng,
+    known: Known,
+    /// Lookup counts of the node ids we were handed (forgotten at checkpoints).
+    held: HashMap<u64, u64>,
+    seen_nodes: HashSet<u64>,
+    /// Inode numbers the oracle has not judged yet (non-directories wait for a listing).
+    pending: HashMap<u64, (u64, String)>,
+    judged: HashSet<u64>,
+    pairs: HashSet<(u32, i32)>,
+    corpus: Vec<Case>,
+    inflight: Vec<Option<InFlight>>,
+    hi_inflight: Vec<Option<u64>>,
+    /// Slots whose chain was lost: not reused unless it comes back.
+    retired: HashSet<usize>,
+    sum: Summary,
+}
+
+impl std::fmt::Debug for Fuzzer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fuzzer").finish_non_exhaustive()
+    }
+}
+
+const CORPUS_CAP: usize = 1024;
+
+impl<'a> Fuzzer<'a> {
+    pub fn new(s: &'a mut Session, oracle: &'a mut Oracle, o: FuzzOpts) -> Self {
+        let slots = s.dev.slots(REQUEST_QUEUE);
+        let hi = s.dev.slots(HIPRIO_QUEUE);
+        Fuzzer {
+            rng: Rng::new(o.seed),
+            s,
+            oracle,
+            o,
+            known: Known::new(),
+            held: HashMap::new(),
+            seen_nodes: HashSet::new(),
+            pending: HashMap::new(),
+            judged: HashSet::new(),
+            pairs: HashSet::new(),
+            corpus: Vec::new(),
+            inflight: (0..slots).map(|_| None).collect(),
+            hi_inflight: vec![None; hi],
+            retired: HashSet::new(),
+            sum: Summary::default(),
+        }
+    }
+
+    fn finding(&mut self, kind: &'static str, index: u64, detail: &str, case: Option<&Case>) {
+        let n = self.sum.findings.entry(kind).or_insert(0);
+        *n += 1;
+        if *n <= self.o.print_per_kind {
+            println!(
+                "FINDING {kind} at request #{index} (seed {}): {detail}",
+                self.o.seed
+            );
+            if let Some(c) = case {
+                println!(
+                    "  replay (one request, `hostile serve`): chain {} {}",
+                    c.queue,
+                    gen::tokens(&c.descs)
+                );
+            }
+            println!(
+                "  replay (the run up to it): ceph-virtiofsd-bench hostile fuzz --seed {} --requests {} --depth 1 ...",
+                self.o.seed,
+                index + 1
+            );
+        }
+    }
+
+    pub fn run(mut self) -> Summary {
+        let start = Instant::now();
+        let mut last_report = Instant::now();
+        let mut next_checkpoint = self.o.checkpoint_every;
+        let mut issued = 0u64;
+        let depth = self.o.depth.clamp(1, self.inflight.len());
+        let mut done = Vec::new();
+        let mut last_progress = Instant::now();
+        while issued < self.o.requests || self.inflight.iter().any(Option::is_some) {
+            // Fill up to `depth` in flight, but stop at a checkpoint until all came back.
+            let at_checkpoint = issued >= next_checkpoint;
+            let mut published = false;
+            while issued < self.o.requests && !at_checkpoint {
+                let busy = self.inflight.iter().filter(|x| x.is_some()).count();
+                if busy >= depth {
+                    break;
+                }
+                let unique = self.s.next_unique();
+                let case = gen::next(
+                    &mut self.rng,
+                    &self.known,
+                    unique,
+                    self.s.dev.mem_size,
+                    &self.corpus,
+                    self.o.mutating_per_mille,
+                );
+                if !self.publish(case, issued) {
+                    break;
+                }
+                issued += 1;
+                published = true;
+            }
+            if published {
+                if let Err(e) = self.s.dev.flush(REQUEST_QUEUE) {
+                    self.finding("transport", issued, &e.to_string(), None);
+                    self.sum.dead = true;
+                    break;
+                }
+            }
+            self.reap_hiprio();
+            done.clear();
+            if let Err(e) = self
+                .s
+                .dev
+                .wait(REQUEST_QUEUE, Duration::from_millis(200), &mut done)
+            {
+                self.finding("transport", issued, &e.to_string(), None);
+                self.sum.dead = true;
+                break;
+            }
+            if !done.is_empty() {
+                last_progress = Instant::now();
+            }
+            for &(id, written) in &done.clone() {
+                self.complete(id, written);
+            }
+            let busy = self.inflight.iter().filter(|x| x.is_some()).count();
+            if busy > 0 && last_progress.elapsed() > self.o.timeout {
+                // Whatever is still out is lost: report each, never reuse their slots.
+                let lost: Vec<usize> = (0..self.inflight.len())
+                    .filter(|&i| self.inflight[i].is_some())
+                    .collect();
+                for i in lost {
+                    if let Some(f) = self.inflight[i].take() {
+                        self.sum.lost += 1;
+                        let detail = format!(
+                            "{} (opcode {}) not returned within {:?}",
+                            f.case.kind, f.case.opcode, self.o.timeout
+                        );
+                        self.finding("lost", f.index, &detail, Some(&f.case));
+                        self.retire_slot(i);
+                    }
+                }
+                if !self.o.pid.map_or(true, running) {
+                    self.sum.dead = true;
+                    break;
+                }
+                last_progress = Instant::now();
+            }
+            if at_checkpoint && self.inflight.iter().all(Option::is_none) {
+                if !self.checkpoint(issued) {
+                    break;
+                }
+                next_checkpoint = issued + self.o.checkpoint_every;
+            }
+            if last_report.elapsed() > Duration::from_secs(30) {
+                last_report = Instant::now();
+                let secs = start.elapsed().as_secs_f64().max(1e-9);
+                println!(
+                    "# hostile fuzz: {issued} requests, {:.0}/s, {} (opcode, errno) pairs, corpus {}, findings {}",
+                    issued as f64 / secs,
+                    self.pairs.len(),
+                    self.corpus.len(),
+                    self.sum.findings.values().sum::<u64>()
+                );
+            }
+            if self.retired.len() >= self.inflight.len() {
+                self.finding(
+                    "lost",
+                    issued,
+                    "every slot lost: the daemon returns nothing",
+                    None,
+                );
+                self.sum.dead = true;
+                break;
+            }
+        }
+        self.sum.sent = issued;
+        if !self.sum.dead {
+            self.checkpoint(issued);
+        }
+        self.sum.elapsed = start.elapsed();
+        self.sum.pairs = self.pairs.len();
+        self.sum
+    }
+
+    fn retire_slot(&mut self, i: usize) {
+        self.retired.insert(i);
+    }
+
+    fn publish(&mut self, case: Case, index: u64) -> bool {
+        if case.queue == HIPRIO_QUEUE {
+            let Some(slot) = self.hi_inflight.iter().position(Option::is_none) else {
+                return true; // hiprio full: drop this one, the next will do
+            };
+            match self.s.dev.publish(HIPRIO_QUEUE, slot, &case.descs) {
+                Ok(_) => {
+                    self.hi_inflight[slot] = Some(index);
+                    self.s.reserve(HIPRIO_QUEUE, slot, true);
+                    let _ = self.s.dev.flush(HIPRIO_QUEUE);
+                    *self.sum.kinds.entry(case.kind).or_insert(0) += 1;
+                }
+                Err(e) => self.finding("generator", index, &e.to_string(), Some(&case)),
+            }
+            return true;
+        }
+        let Some(slot) = (0..self.inflight.len())
+            .find(|&i| self.inflight[i].is_none() && !self.retired.contains(&i))
+        else {
+            return false;
+        };
+        match self.s.dev.publish(REQUEST_QUEUE, slot, &case.descs) {
+            Ok(p) => {
+                let offered =
+                    p.writable.iter().map(|w| u64::from(w.1)).sum::<u64>() + raw_writable(&case);
+                *self.sum.kinds.entry(case.kind).or_insert(0) += 1;
+                self.s.reserve(REQUEST_QUEUE, slot, true);
+                self.inflight[slot] = Some(InFlight {
+                    case,
+                    index,
+                    published: p,
+                    offered,
+                });
+                true
+            }
+            Err(e) => {
+                self.finding("generator", index, &e.to_string(), Some(&case));
+                true
+            }
+        }
+    }
+
+    fn reap_hiprio(&mut self) {
+        let mut done = Vec::new();
+        if self.s.dev.reap(HIPRIO_QUEUE, &mut done).is_err() {
+            return;
+        }
+        for (id, _) in done {
+            let slot = (id / u32::from(DESCS_PER_SLOT)) as usize;
+            match self.hi_inflight.get_mut(slot) {
+                Some(x @ Some(_)) if id % u32::from(DESCS_PER_SLOT) == 0 => {
+                    *x = None;
+                    self.s.reserve(HIPRIO_QUEUE, slot, false);
+                }
+                _ => {
+                    self.sum.malformed_replies += 1;
+                    self.finding("bogus-used-id", 0, &format!("hiprio used id {id}"), None);
+                }
+            }
+        }
+    }
+
+    fn complete(&mut self, id: u32, written: u32) {
+        let slot = (id / u32::from(DESCS_PER_SLOT)) as usize;
+        let Some(f) = (id % u32::from(DESCS_PER_SLOT) == 0)
+            .then(|| self.inflight.get_mut(slot).and_then(Option::take))
+            .flatten()
+        else {
+            if self.retired.remove(&slot) {
+                self.s.reserve(REQUEST_QUEUE, slot, false);
+                return; // a lost chain came back late
+            }
+            self.sum.malformed_replies += 1;
+            self.finding(
+                "bogus-used-id",
+                0,
+                &format!("used id {id} was not in flight"),
+                None,
+            );
+            return;
+        };
+        self.sum.answered += 1;
+        self.s.reserve(REQUEST_QUEUE, slot, false);
+        let case = &f.case;
+        if u64::from(written) > f.offered {
+            self.sum.malformed_replies += 1;
+            let d = format!("claims {written} bytes written, {} offered", f.offered);
+            let c = case.clone();
+            self.finding("overlong-reply", f.index, &d, Some(&c));
+            return;
+        }
+        if written == 0 {
+            if case.proper {
+                self.sum.unanswered_proper += 1;
+                *self.sum.unanswered_by_op.entry(case.opcode).or_insert(0) += 1;
+            }
+            self.note_pair(case, -1000);
+            return;
+        }
+        let Ok(reply) = self.s.dev.reply(&f.published, written) else {
+            return;
+        };
+        // Raw writable descriptors (outside our areas) cannot be read back; judge what we have.
+        let Some((len, error, unique)) = wire::out_header(&reply) else {
+            if case.proper {
+                self.sum.malformed_replies += 1;
+                let c = case.clone();
+                self.finding(
+                    "short-reply",
+                    f.index,
+                    &format!("{written} bytes"),
+                    Some(&c),
+                );
+            }
+            return;
+        };
+        let mut bad = Vec::new();
+        if reply.len() as u64 == u64::from(written) && len != written {
+            bad.push(format!("header len {len}, {written} written"));
+        }
+        if !(-4095..=0).contains(&error) {
+            bad.push(format!("error {error}"));
+        }
+        if let Some(u) = case.unique {
+            if unique != u && case.proper {
+                bad.push(format!("unique {unique}, request had {u}"));
+            }
+        }
+        if !bad.is_empty() {
+            self.sum.malformed_replies += 1;
+            let c = case.clone();
+            self.finding("malformed-reply", f.index, &bad.join("; "), Some(&c));
+            return;
+        }
+        self.note_pair(case, error);
+        if error != 0 {
+            return;
+        }
+        let opcode = case.opcode;
+        for (node, ino) in wire::handed_out(opcode, &reply) {
+            if node != 0 {
+                *self.held.entry(node).or_insert(0) += 1;
+                if self.seen_nodes.insert(node) {
+                    self.known.nodes.push(node);
+                    if self.known.nodes.len() > 4096 {
+                        self.known
+                            .nodes
+                            .swap_remove(1 + self.rng.below(4095) as usize);
+                    }
+                }
+            }
+            if !self.judged.contains(&ino) {
+                self.judge(ino, f.index, case.clone());
+            }
+        }
+        if let Some(h) = wire::handle_of(opcode, &reply) {
+            if self.known.handles.len() < 4096 {
+                self.known.handles.push(h);
+            }
+        }
+    }
+
+    fn note_pair(&mut self, case: &Case, errno: i32) {
+        let op = if case.opcode > 51 { 51 } else { case.opcode };
+        if self.pairs.insert((op, errno)) && self.corpus.len() < CORPUS_CAP {
+            self.corpus.push(case.clone());
+        }
+    }
+
+    /// Directories are judged at once (a walk up by ".."); other inodes wait for the next
+    /// checkpoint's listing of the export.
+    fn judge(&mut self, ino: u64, index: u64, case: Case) {
+        match self.oracle.check_dir(ino) {
+            Some(Verdict::Inside) | Some(Verdict::Gone) => {
+                self.judged.insert(ino);
+            }
+            Some(Verdict::Outside(why)) => {
+                self.judged.insert(ino);
+                self.sum.escapes += 1;
+                self.finding("escape", index, &why, Some(&case));
+            }
+            None => {
+                self.pending
+                    .entry(ino)
+                    .or_insert_with(|| (index, gen::tokens(&case.descs)));
+            }
+        }
+    }
+
+    /// Forget and release everything we hold, judge pending inodes, check liveness and bounds.
+    fn checkpoint(&mut self, issued: u64) -> bool {
+        // The hiprio queue's completions must not be taken by the session's sends below (and
+        // the other way round): let our FORGETs come back first.
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        while self.hi_inflight.iter().any(Option::is_some) && std::time::Instant::now() < until {
+            self.reap_hiprio();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Release handles first (a handle pins its node).
+        let handles = std::mem::take(&mut self.known.handles);
+        for h in handles {
+            for op in [wire::RELEASE, wire::RELEASEDIR] {
+                let unique = self.s.next_unique();
+                let hdr = Header {
+                    opcode: op,
+                    unique,
+                    nodeid: 0,
+                    ..Header::default()
+                };
+                let body = gen_release(h);
+                let _ = self.s.fuse(hdr, &[&body]);
+            }
+        }
+        let held: Vec<(u64, u64)> = self.held.drain().collect();
+        for chunk in held.chunks(500) {
+            let unique = self.s.next_unique();
+            let bytes = crate::fuse::encode_batch_forget(unique, chunk);
+            let _ = self.s.send(HIPRIO_QUEUE, &bytes, 0);
+        }
+        self.known.nodes.truncate(1);
+        self.seen_nodes.clear();
+        self.reap_hiprio();
+        // Judge the inodes waiting for a listing.
+        self.oracle.stale();
+        let pending: Vec<(u64, (u64, String))> = self.pending.drain().collect();
+        for (ino, (index, toks)) in pending {
+            self.judged.insert(ino);
+            if let Verdict::Outside(why) = self.oracle.check(ino) {
+                self.sum.escapes += 1;
+                self.finding(
+                    "escape",
+                    index,
+                    &format!("{why} (replay: chain 1 {toks})"),
+                    None,
+                );
+            }
+        }
+        if self.judged.len() > 100_000 {
+            self.judged.clear();
+        }
+        // Alive?
+        let alive = self.s.alive().unwrap_or(false) && self.o.pid.map_or(true, running);
+        if !alive {
+            self.sum.dead = true;
+            self.finding(
+                "dead",
+                issued,
+                "GETATTR of node 1 not answered after the last requests",
+                None,
+            );
+            return false;
+        }
+        // Bounded?
+        if let Some(pid) = self.o.pid {
+            if let Some(rss) = rss_kib(pid) {
+                self.sum.max_rss_kib = self.sum.max_rss_kib.max(rss);
+                if rss > self.o.max_rss_mib * 1024 {
+                    self.sum.bound_violations += 1;
+                    self.finding(
+                        "rss",
+                        issued,
+                        &format!("daemon RSS {} MiB > {} MiB", rss / 1024, self.o.max_rss_mib),
+                        None,
+                    );
+                }
+            }
+        }
+        if let Some(text) = self.o.metrics_socket.as_deref().and_then(scrape) {
+            let nodes = sample(&text, "ceph_virtiofsd_inodes").unwrap_or(0.0) as u64;
+            let handles = sample(&text, "ceph_virtiofsd_handles").unwrap_or(0.0) as u64;
+            self.sum.max_nodes = self.sum.max_nodes.max(nodes);
+            self.sum.max_handles = self.sum.max_handles.max(handles);
+            if nodes > self.o.max_nodes {
+                self.sum.bound_violations += 1;
+                self.finding(
+                    "node-table",
+                    issued,
+                    &format!(
+                        "{nodes} nodes after forgetting all we were given (bound {})",
+                        self.o.max_nodes
+                    ),
+                    None,
+                );
+            }
+            if handles > self.o.max_handles {
+                self.sum.bound_violations += 1;
+                self.finding(
+                    "handle-table",
+                    issued,
+                    &format!(
+                        "{handles} handles after releasing all we were given (bound {})",
+                        self.o.max_handles
+                    ),
+                    None,
+                );
+            }
+        }
+        true
+    }
+}
+
+fn gen_release(fh: u64) -> Vec<u8> {
+    let mut v = fh.to_le_bytes().to_vec();
+    v.extend_from_slice(&[0u8; 16]);
+    v
+}
+
+/// Bytes of writable descriptors at raw addresses (offered, but not readable back by us).
+fn raw_writable(c: &Case) -> u64 {
+    c.descs
+        .iter()
+        .filter(|d| {
+            matches!(d.buf, Buf::Raw { .. })
+                && d.flags.unwrap_or(0) & super::device::VIRTQ_DESC_F_WRITE != 0
+        })
+        .map(|d| match d.buf {
+            Buf::Raw { len, .. } => u64::from(len),
+            _ => 0,
+        })
+        .sum()
+}

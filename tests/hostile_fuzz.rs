@@ -1,0 +1,64 @@
+//! The hostile-guest fuzzer against the real daemon on the real cluster: generated FUSE requests
+//! (valid layouts with hostile values), bent descriptor chains and raw garbage, judged by
+//! `ceph-virtiofsd-bench hostile fuzz`: no death, no lost chain, no malformed reply, no inode
+//! outside the export (the oracle), node and handle tables and RSS bounded.
+//!
+//! HOSTILE_FUZZ_REQUESTS sets the count (default 100,000), HOSTILE_FUZZ_SEED the seed (default:
+//! a new one each run, printed; set it to replay a run).
+
+mod common;
+
+use std::process::Command;
+
+use common::hostile::hostile_daemon;
+use common::{seed_from_env, Lab};
+
+#[test]
+fn hostile_fuzz_keeps_the_daemon_alive_inside_its_export_and_bounded() {
+    let lab = Lab::get();
+    let requests: u64 = std::env::var("HOSTILE_FUZZ_REQUESTS")
+        .map(|v| v.parse().expect("HOSTILE_FUZZ_REQUESTS must be a number"))
+        .unwrap_or(100_000);
+    let seed = seed_from_env("HOSTILE_FUZZ_SEED");
+    println!("hostile fuzz: seed {seed} (HOSTILE_FUZZ_SEED={seed} replays this run), {requests} requests");
+    let (daemon, export, metrics) = hostile_daemon(&lab, "hostile-fuzz", &["--log-level", "error"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd-bench"))
+        .args(["hostile", "fuzz", "--socket"])
+        .arg(&daemon.socket)
+        .arg("--ceph-conf")
+        .arg(&lab.conf)
+        .args(["--client-id", &lab.client_id, "--export", &export])
+        .args([
+            "--requests",
+            &requests.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ])
+        .args(["--pid", &daemon.pid().to_string()])
+        .arg("--metrics-socket")
+        .arg(&metrics)
+        .output()
+        .expect("run ceph-virtiofsd-bench hostile fuzz");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    let log = daemon.log_text();
+    assert!(!log.contains("panicked"), "the daemon panicked:\n{log}");
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("hostile fuzz: seed="))
+        .unwrap_or_else(|| panic!("no summary line from the fuzzer (exit {:?})", out.status));
+    let field = |k: &str| -> u64 {
+        summary
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{k}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {k} in {summary}"))
+    };
+    assert_eq!(field("requests"), requests, "{summary}");
+    assert!(
+        out.status.success(),
+        "the fuzzer found something (seed {seed}; each FINDING above has a replay):\n{summary}"
+    );
+}
