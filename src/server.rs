@@ -225,6 +225,17 @@ where
                 &io::Error::from_raw_os_error(libc::EINVAL),
             );
         }
+        // A request that hands the guest a node or a handle must have room for its whole
+        // reply: fuse-backend-rs writes it after the filesystem made the node or handle, and a
+        // reply the chain cannot hold is lost with a lookup count or handle nobody will give
+        // back (the hostile suite's 15-byte OPEN replies left one handle each).
+        if writer.available_bytes() < reply_len(header.opcode) {
+            return reply_error(
+                header.unique,
+                writer,
+                &io::Error::from_raw_os_error(libc::EINVAL),
+            );
+        }
         match header.opcode {
             FUSE_COPY_FILE_RANGE => self.copy_file_range(&header, peek, writer),
             FUSE_SYNCFS => self.syncfs(&header, peek, writer),
@@ -377,6 +388,22 @@ fn in_struct_len(opcode: u32) -> usize {
         46 => size_of::<LseekIn>(),
         FUSE_COPY_FILE_RANGE => size_of::<CopyFileRangeIn>(),
         FUSE_SYNCFS => size_of::<SyncfsIn>(),
+        _ => 0,
+    }
+}
+
+/// The whole reply of a request that makes a node or a handle for the guest (an entry, an
+/// open handle, or both); 0 for the others, whose replies carry no state.
+fn reply_len(opcode: u32) -> usize {
+    use fuse_backend_rs::abi::fuse_abi::{EntryOut, OpenOut};
+    let out = size_of::<OutHeader>();
+    match opcode {
+        // LOOKUP, SYMLINK, MKNOD, MKDIR, LINK
+        1 | 6 | 8 | 9 | 13 => out + size_of::<EntryOut>(),
+        // OPEN, OPENDIR
+        14 | 27 => out + size_of::<OpenOut>(),
+        // CREATE
+        35 => out + size_of::<EntryOut>() + size_of::<OpenOut>(),
         _ => 0,
     }
 }

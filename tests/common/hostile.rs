@@ -95,10 +95,12 @@ impl Answer {
         if self.error() != Some(0) || p.len() < 48 {
             return None;
         }
-        Some((
-            u64::from_le_bytes(p[0..8].try_into().unwrap()),
-            u64::from_le_bytes(p[40..48].try_into().unwrap()),
-        ))
+        let node = u64::from_le_bytes(p[0..8].try_into().unwrap());
+        // Node id 0 is a negative entry: "no such name", cached by the kernel for its TTL.
+        if node == 0 {
+            return None;
+        }
+        Some((node, u64::from_le_bytes(p[40..48].try_into().unwrap())))
     }
 
     /// The handle of an OPEN/OPENDIR reply.
