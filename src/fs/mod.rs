@@ -100,6 +100,22 @@ pub struct OpenFile {
     node: Arc<Node>,
 }
 
+impl OpenFile {
+    /// A handle opened with `oflags` (as libcephfs got them) on `node`.
+    fn new(file: File, writer: Option<File>, oflags: i32, node: &Arc<Node>) -> Arc<Self> {
+        Arc::new(OpenFile {
+            file,
+            ino: node.vino.ino,
+            direct: oflags & libc::O_DIRECT != 0,
+            writer,
+            noted: AtomicBool::new(false),
+            writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
+            locked: AtomicBool::new(false),
+            node: node.clone(),
+        })
+    }
+}
+
 #[derive(Debug)]
 pub struct DirStream {
     dir: Dir,
@@ -1879,16 +1895,7 @@ impl FileSystem for CephFs {
         }
         let fh = self.new_handle(
             inode,
-            Handle::File(Arc::new(OpenFile {
-                file,
-                ino: node.vino.ino,
-                direct: oflags & libc::O_DIRECT != 0,
-                writer,
-                noted: AtomicBool::new(false),
-                writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
-                locked: AtomicBool::new(false),
-                node: node.clone(),
-            })),
+            Handle::File(OpenFile::new(file, writer, oflags, &node)),
             "open",
         )?;
         Ok((Some(fh), self.open_options(&node), None))
@@ -1946,16 +1953,7 @@ impl FileSystem for CephFs {
             }
             self.new_handle(
                 node.id,
-                Handle::File(Arc::new(OpenFile {
-                    file,
-                    ino: node.vino.ino,
-                    direct: oflags & libc::O_DIRECT != 0,
-                    writer,
-                    noted: AtomicBool::new(false),
-                    writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
-                    locked: AtomicBool::new(false),
-                    node: node.clone(),
-                })),
+                Handle::File(OpenFile::new(file, writer, oflags, &node)),
                 "create",
             )
         })();
