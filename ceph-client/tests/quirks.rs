@@ -97,3 +97,66 @@ fn ctime_reads_as_the_later_of_ctime_and_mtime() {
     assert!(back.stx_ctime.tv_sec >= now - 1 && back.stx_ctime.tv_sec < future);
     m.unlink(&root, &name, &perm).unwrap();
 }
+
+/// libcephfs answers ".." of a directory from the first dentry it has cached for it, whether
+/// or not its lease still holds. A client that listed a directory before another client
+/// renamed it away walks up to the old parent. Only a client with no dentry cached for it
+/// asks the MDS (LOOKUPPARENT). Linux (and the kernel CephFS client) revalidates.
+///
+/// The daemon trusts a libcephfs ".." only after checking the name it remembers still leads
+/// back (src/fs `lookup_parent`), and the escape oracle of `ceph-virtiofsd-bench hostile`
+/// confirms a suspected escape with a fresh client.
+#[test]
+fn dotdot_follows_a_dentry_another_client_renamed_away() {
+    let perm = UserPerm::root();
+    let mkdir = |m: &Mount, parent: &Inode, name: &str| -> (Inode, u64) {
+        let name = CString::new(name).unwrap();
+        let (i, st) = m
+            .mkdir(parent, &name, 0o755, CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap();
+        (i, st.stx_ino)
+    };
+    let dotdot = |m: &Mount, ino: u64| -> u64 {
+        let d = m.lookup_inode(ino).unwrap();
+        m.lookup(&d, c"..", CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap()
+            .1
+            .stx_ino
+    };
+    let writer = mount();
+    let root = writer.lookup_root().unwrap();
+    let base_name = format!("quirk-dotdot-{}", std::process::id());
+    let (base, _) = mkdir(&writer, &root, &base_name);
+    let (p1, p1_ino) = mkdir(&writer, &base, "p1");
+    let (p2, p2_ino) = mkdir(&writer, &base, "p2");
+    let (_, d_ino) = mkdir(&writer, &p1, "d");
+
+    // The reader lists p1: its cache now holds the dentry p1/d.
+    let reader = mount();
+    let p1_there = reader.lookup_inode(p1_ino).unwrap();
+    let mut listing = reader.opendir(&p1_there, &perm).unwrap();
+    while let Some(e) = listing
+        .readdirplus(CEPH_STATX_BASIC_STATS, 0, false)
+        .unwrap()
+    {
+        let _ = e;
+    }
+    drop(listing);
+    assert_eq!(dotdot(&reader, d_ino), p1_ino);
+
+    writer.rename(&p1, c"d", &p2, c"d", &perm).unwrap();
+    assert_eq!(dotdot(&writer, d_ino), p2_ino, "the renaming client knows");
+    assert_eq!(dotdot(&mount(), d_ino), p2_ino, "a fresh client asks the MDS");
+    assert_eq!(
+        dotdot(&reader, d_ino),
+        p1_ino,
+        "the reader walks its stale dentry up to the old parent"
+    );
+
+    writer.rmdir(&p2, c"d", &perm).unwrap();
+    writer.rmdir(&base, c"p1", &perm).unwrap();
+    writer.rmdir(&base, c"p2", &perm).unwrap();
+    writer
+        .rmdir(&root, &CString::new(base_name).unwrap(), &perm)
+        .unwrap();
+}

@@ -51,6 +51,8 @@ pub struct Summary {
     pub sent: u64,
     pub answered: u64,
     pub escapes: u64,
+    /// Tentative escapes (from the oracle's cached walk) a fresh client overturned.
+    pub oracle_overturned: u64,
     pub lost: u64,
     pub malformed_replies: u64,
     pub unanswered_proper: u64,
@@ -308,6 +310,7 @@ impl<'a> Fuzzer<'a> {
             self.checkpoint(issued);
         }
         self.sum.elapsed = start.elapsed();
+        self.sum.oracle_overturned = self.oracle.overturned;
         self.sum.pairs = self.pairs.len();
         self.sum
     }

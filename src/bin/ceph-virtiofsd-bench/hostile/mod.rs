@@ -204,6 +204,12 @@ fn print_summary(s: &fuzz::Summary, seed: u64) {
                 .join(" ")
         );
     }
+    if s.oracle_overturned > 0 {
+        println!(
+            "# hostile fuzz: {} tentative escapes from the oracle's cached \"..\" walk, each overturned by a fresh client",
+            s.oracle_overturned
+        );
+    }
     let mut f: Vec<_> = s.findings.iter().collect();
     f.sort();
     println!(

@@ -5,6 +5,13 @@
 //! walk passes the export's root. A non-directory (which has no ".." to walk) is inside when a
 //! listing of the export's tree holds it. An inode that no longer exists (removed meanwhile,
 //! or an unlinked file still open) is "gone", not an escape.
+//!
+//! libcephfs answers ".." of a directory from the first dentry it has cached for it, lease
+//! or no lease, so a client that listed a directory before the daemon renamed it can walk a
+//! parent chain that no longer exists (even a loop). An "outside" found through the oracle's
+//! long-lived cache is therefore judged again by a fresh client with an empty cache, whose
+//! every ".." is a LOOKUPPARENT answered by the MDS; only that verdict is reported, and the
+//! fresh client replaces the stale one.
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -29,6 +36,9 @@ pub enum Verdict {
 }
 
 pub struct Oracle {
+    conf: std::path::PathBuf,
+    client_id: String,
+    export_path: String,
     mount: Mount,
     export: Inode,
     export_ino: u64,
@@ -38,6 +48,8 @@ pub struct Oracle {
     /// The listing in `inside` is current (see `stale`).
     fresh: bool,
     pub checks: u64,
+    /// Tentative "outside" verdicts a fresh client overturned (stale cache in the old one).
+    pub overturned: u64,
 }
 
 impl std::fmt::Debug for Oracle {
@@ -83,6 +95,9 @@ impl Oracle {
         let mut inside = HashSet::new();
         inside.insert(ino);
         Ok(Oracle {
+            conf: conf.to_path_buf(),
+            client_id: client_id.into(),
+            export_path: export.into(),
             mount,
             export: cur,
             export_ino: ino,
@@ -91,6 +106,7 @@ impl Oracle {
             perm,
             fresh: false,
             checks: 0,
+            overturned: 0,
         })
     }
 
@@ -122,9 +138,40 @@ impl Oracle {
             .ok()?;
         if u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFDIR {
             self.checks += 1;
-            return Some(self.walk_up(inode, ino));
+            let first = self.walk_up(inode, ino);
+            return Some(self.confirm(ino, first));
         }
         None
+    }
+
+    /// Judge a tentative verdict again with a fresh client (see the module comment); an
+    /// "outside" stands only if the fresh client finds it too.
+    fn confirm(&mut self, ino: u64, first: Verdict) -> Verdict {
+        let Verdict::Outside(why) = first else {
+            return first;
+        };
+        let mut fresh = match Oracle::new(&self.conf, &self.client_id, &self.export_path) {
+            Ok(o) => o,
+            Err(e) => {
+                return Verdict::Outside(format!("{why} (not confirmed: {e})"));
+            }
+        };
+        fresh.inside = std::mem::take(&mut self.inside);
+        fresh.outside = std::mem::take(&mut self.outside);
+        fresh.checks = self.checks;
+        fresh.overturned = self.overturned;
+        let second = fresh.check_fresh(ino);
+        if !matches!(second, Verdict::Outside(_)) {
+            fresh.overturned += 1;
+        }
+        *self = fresh;
+        match second {
+            Verdict::Outside(why2) => {
+                self.outside.insert(ino);
+                Verdict::Outside(format!("{why2} (cached walk: {why})"))
+            }
+            other => other,
+        }
     }
 
     /// Judge inode number `ino` (as the daemon put it in an attr's `ino`).
@@ -136,6 +183,12 @@ impl Oracle {
             return Verdict::Outside(format!("{ino:#x} (known outside)"));
         }
         self.checks += 1;
+        let first = self.check_fresh(ino);
+        self.confirm(ino, first)
+    }
+
+    /// `check` without the known sets' shortcut and without confirmation.
+    fn check_fresh(&mut self, ino: u64) -> Verdict {
         let Ok(inode) = self.mount.lookup_inode(ino) else {
             return Verdict::Gone;
         };
@@ -163,13 +216,10 @@ impl Oracle {
             self.mount
                 .getattr(&i, CEPH_STATX_BASIC_STATS, 0, &self.perm)
         }) {
-            Ok(st) if st.stx_nlink > 0 => {
-                self.outside.insert(ino);
-                Verdict::Outside(format!(
+            Ok(st) if st.stx_nlink > 0 => Verdict::Outside(format!(
                     "{ino:#x}: a non-directory (mode {:o}) not in the export's tree",
                     st.stx_mode
-                ))
-            }
+                )),
             _ => Verdict::Gone,
         }
     }
@@ -185,7 +235,6 @@ impl Oracle {
                 return Verdict::Inside;
             }
             if cur_ino == CEPH_INO_ROOT || self.outside.contains(&cur_ino) {
-                self.outside.extend(path.iter().copied());
                 return Verdict::Outside(format!(
                     "directory {ino:#x}: walking \"..\" reaches the root without passing the export {:#x}: {}",
                     self.export_ino,
@@ -201,12 +250,32 @@ impl Oracle {
             else {
                 return Verdict::Gone;
             };
+            if st.stx_ino == cur_ino && st.stx_nlink == 0 {
+                // libcephfs answers ".." of a directory the MDS cannot place (removed,
+                // waiting in a stray directory) with the directory itself.
+                return Verdict::Gone;
+            }
             cur = next;
             cur_ino = st.stx_ino;
+            let looped = path.contains(&cur_ino);
             path.push(cur_ino);
+            if looped {
+                return Verdict::Outside(format!(
+                    "directory {ino:#x}: walking \"..\" loops: {}",
+                    path.iter()
+                        .map(|i| format!("{i:#x}"))
+                        .collect::<Vec<_>>()
+                        .join(" -> ")
+                ));
+            }
         }
         Verdict::Outside(format!(
-            "directory {ino:#x}: no root within {MAX_DEPTH} steps"
+            "directory {ino:#x}: no root within {MAX_DEPTH} steps: {}",
+            path.iter()
+                .take(12)
+                .map(|i| format!("{i:#x}"))
+                .collect::<Vec<_>>()
+                .join(" -> ")
         ))
     }
 
