@@ -146,7 +146,11 @@ fn dotdot_follows_a_dentry_another_client_renamed_away() {
 
     writer.rename(&p1, c"d", &p2, c"d", &perm).unwrap();
     assert_eq!(dotdot(&writer, d_ino), p2_ino, "the renaming client knows");
-    assert_eq!(dotdot(&mount(), d_ino), p2_ino, "a fresh client asks the MDS");
+    assert_eq!(
+        dotdot(&mount(), d_ino),
+        p2_ino,
+        "a fresh client asks the MDS"
+    );
     assert_eq!(
         dotdot(&reader, d_ino),
         p1_ino,

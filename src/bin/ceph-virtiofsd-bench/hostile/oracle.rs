@@ -217,9 +217,9 @@ impl Oracle {
                 .getattr(&i, CEPH_STATX_BASIC_STATS, 0, &self.perm)
         }) {
             Ok(st) if st.stx_nlink > 0 => Verdict::Outside(format!(
-                    "{ino:#x}: a non-directory (mode {:o}) not in the export's tree",
-                    st.stx_mode
-                )),
+                "{ino:#x}: a non-directory (mode {:o}) not in the export's tree",
+                st.stx_mode
+            )),
             _ => Verdict::Gone,
         }
     }
