@@ -4,7 +4,8 @@
 //! outside the export (the oracle), node and handle tables and RSS bounded.
 //!
 //! HOSTILE_FUZZ_REQUESTS sets the count (default 100,000), HOSTILE_FUZZ_SEED the seed (default:
-//! a new one each run, printed; set it to replay a run).
+//! a new one each run, printed; set it to replay a run), HOSTILE_FUZZ_ARGS more options for the
+//! fuzzer (the long run: `--depth 64 --mutating-per-mille 20`, with `cargo test --release`).
 
 mod common;
 
@@ -35,6 +36,11 @@ fn hostile_fuzz_keeps_the_daemon_alive_inside_its_export_and_bounded() {
             &seed.to_string(),
         ])
         .args(["--pid", &daemon.pid().to_string()])
+        .args(
+            std::env::var("HOSTILE_FUZZ_ARGS")
+                .unwrap_or_default()
+                .split_whitespace(),
+        )
         .arg("--metrics-socket")
         .arg(&metrics)
         .output()

@@ -21,7 +21,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::device::{Buf, DESCS_PER_SLOT};
+use super::device::{Buf, DescSpec, DESCS_PER_SLOT};
 use super::gen::{self, Case, Known, Rng};
 use super::oracle::{Oracle, Verdict};
 use super::session::{Session, HIPRIO_QUEUE, REQUEST_QUEUE};
@@ -129,6 +129,9 @@ pub struct Fuzzer<'a> {
     o: FuzzOpts,
     rng: Rng,
     known: Known,
+    /// Every handle we were given, with the node it was opened on: a RELEASE must name both
+    /// (the daemon refuses a handle under another node id with EBADF).
+    owned: Vec<(u64, u64)>,
     /// Lookup counts of the node ids we were handed (forgotten at checkpoints).
     held: HashMap<u64, u64>,
     seen_nodes: HashSet<u64>,
@@ -162,6 +165,7 @@ impl<'a> Fuzzer<'a> {
             oracle,
             o,
             known: Known::new(),
+            owned: Vec::new(),
             held: HashMap::new(),
             seen_nodes: HashSet::new(),
             pending: HashMap::new(),
@@ -478,6 +482,13 @@ impl<'a> Fuzzer<'a> {
             if self.known.handles.len() < 4096 {
                 self.known.handles.push(h);
             }
+            let node = match opcode {
+                wire::CREATE => wire::handed_out(opcode, &reply)
+                    .first()
+                    .map_or(0, |&(node, _)| node),
+                _ => request_nodeid(case).unwrap_or(0),
+            };
+            self.owned.push((node, h));
         }
     }
 
@@ -518,14 +529,15 @@ impl<'a> Fuzzer<'a> {
             std::thread::sleep(Duration::from_millis(1));
         }
         // Release handles first (a handle pins its node).
-        let handles = std::mem::take(&mut self.known.handles);
-        for h in handles {
+        self.known.handles.clear();
+        let handles = std::mem::take(&mut self.owned);
+        for (nodeid, h) in handles {
             for op in [wire::RELEASE, wire::RELEASEDIR] {
                 let unique = self.s.next_unique();
                 let hdr = Header {
                     opcode: op,
                     unique,
-                    nodeid: 0,
+                    nodeid,
                     ..Header::default()
                 };
                 let body = gen_release(h);
@@ -618,6 +630,32 @@ impl<'a> Fuzzer<'a> {
         }
         true
     }
+}
+
+/// The node id in the header of a case's request, when its readable bytes hold a header.
+fn request_nodeid(c: &Case) -> Option<u64> {
+    fn readable(descs: &[DescSpec], bytes: &mut Vec<u8>) -> bool {
+        for d in descs {
+            match &d.buf {
+                Buf::Read(b) => bytes.extend_from_slice(b),
+                Buf::Indirect(inner) => {
+                    if !readable(inner, bytes) {
+                        return false;
+                    }
+                }
+                _ => return false,
+            }
+            if bytes.len() >= wire::IN_HDR {
+                return false;
+            }
+        }
+        true
+    }
+    let mut bytes = Vec::new();
+    readable(&c.descs, &mut bytes);
+    // InHeader: len u32, opcode u32, unique u64, nodeid u64, ...
+    let id = bytes.get(16..24)?;
+    Some(u64::from_le_bytes(id.try_into().ok()?))
 }
 
 fn gen_release(fh: u64) -> Vec<u8> {
