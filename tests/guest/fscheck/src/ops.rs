@@ -1407,6 +1407,15 @@ impl World {
             8192,
             "read after ftruncate",
         )
+        .map_err(|Div(d)| {
+            // Which side was wrong: the size the guest kernel holds (a direct read that comes
+            // back short falls back to the page cache up to it), or what the daemon returned?
+            let after = match sys::fstat(s.fd) {
+                Ok(st) => format!("fstat size {}", st.st_size),
+                Err(e) => format!("fstat: {}", errname(e)),
+            };
+            Div(format!("{d} ({after} after the read)"))
+        })
     }
 
     fn fallocate(&mut self, slot: usize, mode: i32, off: u64, len: u64) -> Check {
