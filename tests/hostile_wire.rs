@@ -1063,6 +1063,116 @@ fn hostile_truncate_of_a_directory_is_refused() {
 }
 
 #[test]
+fn hostile_a_file_as_the_parent_of_a_name_gets_enotdir() {
+    // libcephfs opens a directory structure on any inode it is handed as a parent, and
+    // aborts (Inode::open_dir: ceph_assert(dentries.size() < 2)) when it is a file with two
+    // cached names: the fuzzer's first daemon abort, a LINK into a hard-linked file.
+    let lab = Lab::get();
+    let (daemon, export, _m) = hostile_daemon(&lab, "hostile-file-parent", &[]);
+    let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
+    let mut f = Failures::new();
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    let dir = h.lookup(1, b"d").entry().expect("lookup d").0;
+    // Searchable (root's search of a file with no x bit fails before libcephfs gets that
+    // far), with a second name, both names looked up so that both are cached.
+    let chmod = Body::new()
+        .u32(1) // FATTR_MODE
+        .u32(0)
+        .bytes(&[0; 48])
+        .u32(0)
+        .u32(0)
+        .u32(0)
+        .u32(libc::S_IFREG | 0o755)
+        .bytes(&[0; 16])
+        .0;
+    let as_root = |h: &mut Hostile, o: u32, node: u64, body: &[u8]| {
+        let u = h.next_unique();
+        let mut req = request(o, u, node, None, body);
+        req[24..32].fill(0); // uid 0, gid 0
+        h.raw(1, &req, REPLY)
+    };
+    let a = as_root(&mut h, op::SETATTR, file, &chmod);
+    f.check(a.error() == Some(0), format!("SETATTR f mode 0755: {a:?}"));
+    let a = as_root(&mut h, op::LINK, 1, &Body::new().u64(file).name(b"f2").0);
+    f.check(a.error() == Some(0), format!("LINK f f2: {a:?}"));
+    h.lookup(1, b"f2").entry().expect("lookup f2");
+    let with_name = |head: Body| head.name(b"x").0;
+    let cases: Vec<(&str, u32, u64, Vec<u8>)> = vec![
+        ("LOOKUP", op::LOOKUP, file, Body::new().name(b"x").0),
+        (
+            "MKDIR",
+            op::MKDIR,
+            file,
+            with_name(Body::new().u32(0o755).u32(0)),
+        ),
+        (
+            "MKNOD",
+            op::MKNOD,
+            file,
+            with_name(Body::new().u32(libc::S_IFREG | 0o644).u32(0).u32(0).u32(0)),
+        ),
+        (
+            "SYMLINK",
+            op::SYMLINK,
+            file,
+            Body::new().name(b"x").name(b"t").0,
+        ),
+        (
+            "CREATE",
+            op::CREATE,
+            file,
+            with_name(
+                Body::new()
+                    .u32(libc::O_RDWR as u32)
+                    .u32(0o644)
+                    .u32(0)
+                    .u32(0),
+            ),
+        ),
+        // LINK: the header names the new parent, the body the node to link.
+        (
+            "LINK into it",
+            op::LINK,
+            file,
+            Body::new().u64(file).name(b"x").0,
+        ),
+        ("UNLINK", op::UNLINK, file, Body::new().name(b"x").0),
+        ("RMDIR", op::RMDIR, file, Body::new().name(b"x").0),
+        (
+            "RENAME out of it",
+            op::RENAME,
+            file,
+            Body::new().u64(1).name(b"x").name(b"y").0,
+        ),
+        (
+            "RENAME into it",
+            op::RENAME,
+            1,
+            Body::new().u64(file).name(b"f").name(b"y").0,
+        ),
+    ];
+    for (what, o, node, body) in cases {
+        // As root: libcephfs's own permission checks (EACCES for uid 1000 on a file without
+        // search permission) come after it has opened the directory structure.
+        let a = as_root(&mut h, o, node, &body);
+        let w = format!("{what} with the hard-linked file f as the directory");
+        f.check(
+            errno_of(&a) == Some(libc::ENOTDIR),
+            format!("{w}: want ENOTDIR, got {a:?}"),
+        );
+        f.survived(&mut h, &w, &a);
+    }
+    // link(2) of a directory is EPERM (Linux), not a request for the MDS.
+    let a = h.req(op::LINK, 1, &Body::new().u64(dir).name(b"dl").0);
+    f.check(
+        errno_of(&a) == Some(libc::EPERM),
+        format!("LINK of the directory d: want EPERM, got {a:?}"),
+    );
+    f.survived(&mut h, "LINK of a directory", &a);
+    f.assert_none(&daemon);
+}
+
+#[test]
 fn hostile_log_flood_into_a_stalled_stderr_does_not_kill_the_daemon() {
     // libcephfs makes the daemon's stderr non-blocking (Log::_configure_stderr); once a log
     // reader falls behind, a write fails with EAGAIN. Every request below is logged at error

@@ -654,6 +654,19 @@ impl CephFs {
         Ok(node)
     }
 
+    /// [`Self::node_op`] for a node a request names as a directory (the parent of a name): a
+    /// non-directory is ENOTDIR before libcephfs sees it. libcephfs opens a directory
+    /// structure on whatever inode it is handed as a parent, and aborts the daemon
+    /// (`Inode::open_dir`: `ceph_assert(dentries.size() < 2)`) when that inode is a file with
+    /// two cached names; the guest kernel never sends such a request, a hostile guest can.
+    fn dir_op(&self, id: u64, op: &'static str, ctx: &Context) -> io::Result<Arc<Node>> {
+        let node = self.node_op(id, op, ctx)?;
+        if !node.is_dir() {
+            return Err(errno(libc::ENOTDIR));
+        }
+        Ok(node)
+    }
+
     /// Whether `name` in `dir` is the root of a denied domain (rename must not move a
     /// quarantined directory away). Only asked while some domain is denied.
     fn names_denied_root(&self, dir: &Node, name: &CStr, perm: &ceph_client::UserPerm) -> bool {
@@ -1502,7 +1515,7 @@ impl FileSystem for CephFs {
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
         names::check_name(name, Use::Lookup).map_err(errno)?;
-        let parent = self.node_op(parent, "lookup", ctx)?;
+        let parent = self.dir_op(parent, "lookup", ctx)?;
         match self
             .lookup_name(&parent, name, ctx)
             .and_then(|e| self.snapdir_visible(e))
@@ -1709,7 +1722,7 @@ impl FileSystem for CephFs {
         if linkname.to_bytes().len() >= PATH_MAX {
             return Err(errno(libc::ENAMETOOLONG));
         }
-        let parent = self.node_op(parent, "symlink", ctx)?;
+        let parent = self.dir_op(parent, "symlink", ctx)?;
         self.snapdir_change(&parent)?;
         self.node_room("symlink")?;
         let (inode, st) =
@@ -1729,7 +1742,7 @@ impl FileSystem for CephFs {
     ) -> io::Result<Entry> {
         names::check_name(name, Use::Change).map_err(errno)?;
         mknod_allowed(mode, self.cfg.allow_device_nodes)?;
-        let parent = self.node_op(parent, "mknod", ctx)?;
+        let parent = self.dir_op(parent, "mknod", ctx)?;
         self.snapdir_change(&parent)?;
         self.node_room("mknod")?;
         let (inode, st) = self.mount.mknod(
@@ -1753,7 +1766,7 @@ impl FileSystem for CephFs {
         _umask: u32,
     ) -> io::Result<Entry> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node_op(parent, "mkdir", ctx)?;
+        let parent = self.dir_op(parent, "mkdir", ctx)?;
         self.snapdir_change(&parent)?;
         self.node_room("mkdir")?;
         let (inode, st) =
@@ -1764,7 +1777,7 @@ impl FileSystem for CephFs {
 
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node_op(parent, "unlink", ctx)?;
+        let parent = self.dir_op(parent, "unlink", ctx)?;
         self.snapdir_change(&parent)?;
         self.mount.unlink(&parent.inode, name, &self.perm(ctx))?;
         Ok(())
@@ -1772,7 +1785,7 @@ impl FileSystem for CephFs {
 
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node_op(parent, "rmdir", ctx)?;
+        let parent = self.dir_op(parent, "rmdir", ctx)?;
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
         if self.names_denied_root(&parent, name, &perm) {
@@ -1793,8 +1806,8 @@ impl FileSystem for CephFs {
     ) -> io::Result<()> {
         names::check_name(oldname, Use::Change).map_err(errno)?;
         names::check_name(newname, Use::Change).map_err(errno)?;
-        let old = self.node_op(olddir, "rename", ctx)?;
-        let new = self.node_op(newdir, "rename", ctx)?;
+        let old = self.dir_op(olddir, "rename", ctx)?;
+        let new = self.dir_op(newdir, "rename", ctx)?;
         self.snapdir_change(&old)?;
         self.snapdir_change(&new)?;
         let perm = self.perm(ctx);
@@ -1846,7 +1859,11 @@ impl FileSystem for CephFs {
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
         names::check_name(newname, Use::Change).map_err(errno)?;
         let node = self.node_op(inode, "link", ctx)?;
-        let parent = self.node_op(newparent, "link", ctx)?;
+        let parent = self.dir_op(newparent, "link", ctx)?;
+        if node.is_dir() {
+            // link(2) of a directory; libcephfs would hand it to the MDS.
+            return Err(errno(libc::EPERM));
+        }
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
         self.mount
@@ -1909,7 +1926,7 @@ impl FileSystem for CephFs {
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
         names::check_name(name, Use::Change).map_err(errno)?;
-        let parent = self.node_op(parent, "create", ctx)?;
+        let parent = self.dir_op(parent, "create", ctx)?;
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
         let keep = (libc::O_ACCMODE
