@@ -14,11 +14,8 @@ use serde::Deserialize;
 use crate::args::{Args, CacheMode, LogLevel, SeccompMode, Snapshots};
 use crate::fs::idmap::{IdMapError, IdMapping, Rule};
 use crate::sandbox::{SandboxConfig, SandboxError};
+use crate::vhost_user::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 
-/// Longest mount tag the virtio-fs config space can carry (`struct virtio_fs_config.tag`).
-pub const MAX_TAG_LEN: usize = 36;
-/// Most request queues we offer (one vhost-user worker thread per queue, 64-bit queue masks).
-pub const MAX_REQUEST_QUEUES: u16 = 63;
 /// Default maximum of FUSE worker threads (started on demand, gone when idle), as QEMU's
 /// thread pool for blocking I/O.
 pub const DEFAULT_THREAD_POOL_SIZE: usize = 64;
