@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::args::{Args, CacheMode, LogLevel, SeccompMode, Snapshots};
+use crate::ceph::{is_secret_option, CephAccess};
 use crate::fs::idmap::{IdMapError, IdMapping, Rule};
 use crate::sandbox::{SandboxConfig, SandboxError};
 use crate::vhost_user::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
@@ -46,52 +47,14 @@ pub struct LogConfig {
     pub slow_request: Duration,
 }
 
-/// How to reach and mount CephFS. Its `Debug` output hides secret option values.
-#[derive(Clone, PartialEq, Eq)]
+/// How to reach and mount CephFS. Its `Debug` output hides secret option values (see
+/// [`CephAccess`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CephConfig {
-    /// ceph.conf path; `None` = libcephfs's default search path.
-    pub conf: Option<PathBuf>,
-    /// Client id without "client." (`None` = libcephfs default, "admin").
-    pub client_id: Option<String>,
-    pub keyring: Option<PathBuf>,
-    pub fs_name: Option<String>,
+    /// How to reach the cluster.
+    pub access: CephAccess,
     /// Absolute path inside CephFS exported as the guest's root.
     pub root: String,
-    /// Extra libcephfs options, applied in this order (keys are unique).
-    pub options: Vec<(String, String)>,
-    pub mount_timeout: Duration,
-}
-
-/// libcephfs options whose value is a secret (the cephx key itself): never printed.
-pub fn is_secret_option(key: &str) -> bool {
-    let k = key.trim().to_ascii_lowercase().replace('-', "_");
-    k == "key" || k.contains("secret") || k.ends_with("_key") || k.contains("password")
-}
-
-impl std::fmt::Debug for CephConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let options: Vec<(&str, &str)> = self
-            .options
-            .iter()
-            .map(|(k, v)| {
-                let shown = if is_secret_option(k) {
-                    "<redacted>"
-                } else {
-                    v.as_str()
-                };
-                (k.as_str(), shown)
-            })
-            .collect();
-        f.debug_struct("CephConfig")
-            .field("conf", &self.conf)
-            .field("client_id", &self.client_id)
-            .field("keyring", &self.keyring)
-            .field("fs_name", &self.fs_name)
-            .field("root", &self.root)
-            .field("options", &options)
-            .field("mount_timeout", &self.mount_timeout)
-            .finish()
-    }
 }
 
 /// The validated configuration of one daemon.
@@ -458,7 +421,7 @@ impl Config {
         if let Some(m) = &self.metrics {
             return m.ceph_admin_socket.clone();
         }
-        admin_socket_option(&self.ceph.options)
+        admin_socket_option(&self.ceph.access.options)
             .filter(|v| !v.is_empty() && !v.contains('$'))
             .map(PathBuf::from)
     }
@@ -721,13 +684,15 @@ impl Config {
             guest,
             log,
             ceph: CephConfig {
-                conf: args.cluster.ceph_conf.or(file.ceph.conf),
-                client_id: args.cluster.client_id.or(file.ceph.client_id),
-                keyring: args.cluster.keyring.or(file.ceph.keyring),
-                fs_name: args.cluster.fs_name.or(file.ceph.fs_name),
+                access: CephAccess {
+                    conf: args.cluster.ceph_conf.or(file.ceph.conf),
+                    client_id: args.cluster.client_id.or(file.ceph.client_id),
+                    keyring: args.cluster.keyring.or(file.ceph.keyring),
+                    fs_name: args.cluster.fs_name.or(file.ceph.fs_name),
+                    options,
+                    mount_timeout: secs,
+                },
                 root,
-                options,
-                mount_timeout: secs,
             },
             sandbox,
             idmap,
@@ -811,7 +776,7 @@ mod tests {
         assert_eq!(c.cache, CacheMode::Auto);
         assert!(c.xattr);
         assert_eq!(c.ceph.root, "/");
-        assert_eq!(c.ceph.mount_timeout, DEFAULT_MOUNT_TIMEOUT);
+        assert_eq!(c.ceph.access.mount_timeout, DEFAULT_MOUNT_TIMEOUT);
         assert_eq!(c.log.slow_request, DEFAULT_SLOW_REQUEST);
         assert!(c.warnings.is_empty());
     }
@@ -959,9 +924,9 @@ mod tests {
         assert_eq!(c.queues, 2);
         assert_eq!(c.poll_us, 20);
         assert_eq!(c.ceph.root, "/from-file");
-        assert_eq!(c.ceph.client_id.as_deref(), Some("file"));
+        assert_eq!(c.ceph.access.client_id.as_deref(), Some("file"));
         assert_eq!(
-            c.ceph.options,
+            c.ceph.access.options,
             vec![
                 ("client_cache_size".to_owned(), "100".to_owned()),
                 ("client_oc".to_owned(), "true".to_owned())
@@ -988,6 +953,7 @@ mod tests {
         assert!(shown.contains("<redacted>") && shown.contains("client_cache_size"));
         assert!(c
             .ceph
+            .access
             .options
             .iter()
             .any(|(k, v)| k == "key" && v == secret));
@@ -1096,7 +1062,12 @@ mod tests {
         use crate::metrics::MetricsEndpoint;
         let c = parse(&["--socket-path", "/r/vm.sock"]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.metrics, None, "off by default");
-        assert!(!c.ceph.options.iter().any(|(k, _)| k == "admin_socket"));
+        assert!(!c
+            .ceph
+            .access
+            .options
+            .iter()
+            .any(|(k, _)| k == "admin_socket"));
 
         let c = parse(&["--socket-path", "/r/vm.sock", "--metrics-addr", "9310"])
             .unwrap_or_else(|e| panic!("{e}"));
@@ -1108,6 +1079,7 @@ mod tests {
         assert_eq!(m.ceph_admin_socket, Some("/r/vm.sock.ceph.asok".into()));
         assert!(c
             .ceph
+            .access
             .options
             .iter()
             .any(|(k, v)| k == "admin_socket" && v == "/r/vm.sock.ceph.asok"));

@@ -1033,55 +1033,6 @@ pub fn command(access: &CephAccess, action: Action, path: &str) -> Result<String
     Ok(out)
 }
 
-// ---- wiring for the daemon's main ---------------------------------------------------------
-
-/// Start enforcement for a daemon (None when `--quarantine off`).
-pub fn start_for(config: &crate::config::Config) -> std::io::Result<Option<(Arc<Gate>, Watcher)>> {
-    if !config.quarantine.enabled {
-        tracing::info!("quarantine: enforcement off (--quarantine off)");
-        return Ok(None);
-    }
-    start(
-        CephAccess::from(&config.ceph),
-        config.quarantine.clone(),
-        &config.ceph.root,
-    )
-    .map(Some)
-}
-
-/// `ceph-virtiofsd quarantine ACTION PATH [ceph options]`: `argv` starts with "quarantine".
-/// Exit codes: 0 done, 2 usage, 3 Ceph failure.
-pub fn main_command(argv: impl IntoIterator<Item = std::ffi::OsString>) -> std::process::ExitCode {
-    use clap::Parser;
-    let a = crate::args::QuarantineArgs::parse_from(argv);
-    let access = CephAccess {
-        conf: a.cluster.ceph_conf,
-        client_id: a.cluster.client_id,
-        keyring: a.cluster.keyring,
-        fs_name: a.cluster.fs_name,
-        options: Vec::new(),
-        mount_timeout: Duration::from_secs(30),
-    };
-    let action = match a.action {
-        crate::args::QuarantineAction::Enable => Action::Enable,
-        crate::args::QuarantineAction::Disable => Action::Disable,
-        crate::args::QuarantineAction::Status => Action::Status,
-    };
-    match command(&access, action, &a.path) {
-        Ok(line) => {
-            println!("{line}");
-            crate::Exit::Ok.into()
-        }
-        Err(e) => {
-            eprintln!("ceph-virtiofsd quarantine: {}", crate::report(&e));
-            match e {
-                CommandError::BadPath(_) => crate::Exit::Usage.into(),
-                _ => crate::Exit::Ceph.into(),
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
