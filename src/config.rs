@@ -11,10 +11,12 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::args::{Args, CacheMode, LogLevel, SeccompMode, Snapshots};
+use crate::args::{self as cli, Args};
 use crate::ceph::{is_secret_option, CephAccess};
 use crate::fs::idmap::{IdMapError, IdMapping, Rule};
-use crate::sandbox::{SandboxConfig, SandboxError};
+use crate::fs::{CacheMode, SnapshotPolicy};
+pub use crate::logging::{LogConfig, LogLevel};
+use crate::sandbox::{SandboxConfig, SandboxError, SeccompMode};
 use crate::vhost_user::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 
 /// Default maximum of FUSE worker threads (started on demand, gone when idle), as QEMU's
@@ -36,15 +38,6 @@ pub enum Listen {
     SocketPath(PathBuf),
     /// Use an inherited listening socket.
     Fd(RawFd),
-}
-
-/// Logging settings.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogConfig {
-    pub level: LogLevel,
-    pub syslog: bool,
-    /// A request in flight this long is reported by the watchdog; zero = the watchdog is off.
-    pub slow_request: Duration,
 }
 
 /// How to reach and mount CephFS. Its `Debug` output hides secret option values (see
@@ -93,7 +86,7 @@ pub struct Config {
 pub struct GuestLimits {
     pub max_nodes: usize,
     pub max_handles: usize,
-    pub snapshots: Snapshots,
+    pub snapshots: SnapshotPolicy,
     pub allow_device_nodes: bool,
 }
 
@@ -156,6 +149,53 @@ pub enum ConfigError {
     BadQuarantinePropagation,
     #[error("{0} must be at least 1 (the default is {1})")]
     BadLimit(&'static str, usize),
+}
+
+// The command line's clap types stop here: `Config` carries the plain types of the layers that
+// use them.
+
+impl From<cli::CacheMode> for CacheMode {
+    fn from(m: cli::CacheMode) -> Self {
+        match m {
+            cli::CacheMode::Never => CacheMode::Never,
+            cli::CacheMode::Auto => CacheMode::Auto,
+            cli::CacheMode::Metadata => CacheMode::Metadata,
+            cli::CacheMode::Always => CacheMode::Always,
+        }
+    }
+}
+
+impl From<cli::Snapshots> for SnapshotPolicy {
+    fn from(s: cli::Snapshots) -> Self {
+        match s {
+            cli::Snapshots::ReadOnly => SnapshotPolicy::ReadOnly,
+            cli::Snapshots::ReadWrite => SnapshotPolicy::ReadWrite,
+            cli::Snapshots::Hidden => SnapshotPolicy::Hidden,
+        }
+    }
+}
+
+impl From<cli::LogLevel> for LogLevel {
+    fn from(l: cli::LogLevel) -> Self {
+        match l {
+            cli::LogLevel::Error => LogLevel::Error,
+            cli::LogLevel::Warn => LogLevel::Warn,
+            cli::LogLevel::Info => LogLevel::Info,
+            cli::LogLevel::Debug => LogLevel::Debug,
+            cli::LogLevel::Trace => LogLevel::Trace,
+            cli::LogLevel::Off => LogLevel::Off,
+        }
+    }
+}
+
+impl From<cli::SeccompMode> for SeccompMode {
+    fn from(m: cli::SeccompMode) -> Self {
+        match m {
+            cli::SeccompMode::None => SeccompMode::None,
+            cli::SeccompMode::Log => SeccompMode::Log,
+            cli::SeccompMode::Kill => SeccompMode::Kill,
+        }
+    }
 }
 
 /// The TOML file layout. Every key is optional; see config/ceph-virtiofsd.toml.
@@ -241,7 +281,7 @@ pub struct FileMetrics {
 pub struct FileSandbox {
     pub user: Option<String>,
     pub group: Option<String>,
-    pub seccomp: Option<SeccompMode>,
+    pub seccomp: Option<cli::SeccompMode>,
     /// uid translation rules (virtiofsd --translate-uid forms).
     #[serde(default)]
     pub translate_uid: Vec<String>,
@@ -264,18 +304,18 @@ pub struct FileVhostUser {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileFuse {
-    pub cache: Option<CacheMode>,
+    pub cache: Option<cli::CacheMode>,
     pub xattr: Option<bool>,
     pub max_nodes: Option<usize>,
     pub max_handles: Option<usize>,
-    pub snapshots: Option<Snapshots>,
+    pub snapshots: Option<cli::Snapshots>,
     pub allow_device_nodes: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileLog {
-    pub level: Option<LogLevel>,
+    pub level: Option<cli::LogLevel>,
     pub syslog: Option<bool>,
     pub slow_request_secs: Option<u64>,
 }
@@ -311,7 +351,7 @@ impl FileConfig {
 /// Values taken from legacy `-o` options.
 #[derive(Default)]
 struct Legacy {
-    cache: Option<CacheMode>,
+    cache: Option<cli::CacheMode>,
     xattr: Option<bool>,
     thread_pool_size: Option<usize>,
 }
@@ -331,10 +371,10 @@ fn parse_legacy(opts: &[String], warnings: &mut Vec<String>) -> Result<Legacy, C
             ("source", _) => return Err(ConfigError::SharedDir),
             ("cache", Some(v)) => {
                 let mode = match v {
-                    "none" | "never" => CacheMode::Never,
-                    "auto" => CacheMode::Auto,
-                    "always" => CacheMode::Always,
-                    "metadata" => CacheMode::Metadata,
+                    "none" | "never" => cli::CacheMode::Never,
+                    "auto" => cli::CacheMode::Auto,
+                    "always" => cli::CacheMode::Always,
+                    "metadata" => cli::CacheMode::Metadata,
                     _ => {
                         return Err(ConfigError::BadLegacyOpt(
                             opt.to_owned(),
@@ -565,7 +605,8 @@ impl Config {
             .cache
             .or(legacy.cache)
             .or(file.fuse.cache)
-            .unwrap_or(CacheMode::Auto);
+            .unwrap_or(cli::CacheMode::Auto)
+            .into();
 
         let limit = |cli: Option<usize>, file: Option<usize>, name, default| match cli
             .or(file)
@@ -590,14 +631,20 @@ impl Config {
             snapshots: args
                 .snapshots
                 .or(file.fuse.snapshots)
-                .unwrap_or(Snapshots::ReadOnly),
+                .unwrap_or(cli::Snapshots::ReadOnly)
+                .into(),
             allow_device_nodes: args.allow_device_nodes
                 || file.fuse.allow_device_nodes.unwrap_or(false),
         };
 
-        let cli_level = args.log_level.or(args.debug.then_some(LogLevel::Debug));
+        let cli_level = args
+            .log_level
+            .or(args.debug.then_some(cli::LogLevel::Debug));
         let log = LogConfig {
-            level: cli_level.or(file.log.level).unwrap_or(LogLevel::Info),
+            level: cli_level
+                .or(file.log.level)
+                .unwrap_or(cli::LogLevel::Info)
+                .into(),
             syslog: args.syslog || file.log.syslog.unwrap_or(false),
             slow_request: args
                 .slow_request_secs
@@ -650,7 +697,8 @@ impl Config {
             seccomp: args
                 .seccomp
                 .or(file.sandbox.seccomp)
-                .unwrap_or(SeccompMode::Kill),
+                .unwrap_or(cli::SeccompMode::Kill)
+                .into(),
         };
         // Command-line rules replace the file's rules of the same kind (uid or gid).
         let pick = |cli: Vec<String>, file: Vec<String>| if cli.is_empty() { file } else { cli };
@@ -731,7 +779,7 @@ mod tests {
             GuestLimits {
                 max_nodes: crate::fs::limits::DEFAULT_MAX_NODES,
                 max_handles: crate::fs::limits::DEFAULT_MAX_HANDLES,
-                snapshots: Snapshots::ReadOnly,
+                snapshots: SnapshotPolicy::ReadOnly,
                 allow_device_nodes: false,
             }
         );
@@ -755,7 +803,7 @@ mod tests {
             GuestLimits {
                 max_nodes: 30,
                 max_handles: 20,
-                snapshots: Snapshots::ReadWrite,
+                snapshots: SnapshotPolicy::ReadWrite,
                 allow_device_nodes: true,
             }
         );

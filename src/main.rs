@@ -8,7 +8,7 @@ use tracing::{error, info, warn};
 
 use std::sync::Arc;
 
-use ceph_virtiofsd::args::{Args, CacheMode, QuarantineAction, QuarantineArgs, Snapshots};
+use ceph_virtiofsd::args::{Args, QuarantineAction, QuarantineArgs};
 use ceph_virtiofsd::ceph::CephAccess;
 use ceph_virtiofsd::config::{Config, DEFAULT_MOUNT_TIMEOUT};
 use ceph_virtiofsd::daemon;
@@ -46,20 +46,11 @@ impl RunError {
 
 fn fs_config(config: &Config) -> FsConfig {
     FsConfig {
-        cache: match config.cache {
-            CacheMode::Never => fs::CacheMode::Never,
-            CacheMode::Auto => fs::CacheMode::Auto,
-            CacheMode::Metadata => fs::CacheMode::Metadata,
-            CacheMode::Always => fs::CacheMode::Always,
-        },
+        cache: config.cache,
         xattr: config.xattr,
         max_nodes: config.guest.max_nodes,
         max_handles: config.guest.max_handles,
-        snapshots: match config.guest.snapshots {
-            Snapshots::ReadOnly => fs::SnapshotPolicy::ReadOnly,
-            Snapshots::ReadWrite => fs::SnapshotPolicy::ReadWrite,
-            Snapshots::Hidden => fs::SnapshotPolicy::Hidden,
-        },
+        snapshots: config.guest.snapshots,
         allow_device_nodes: config.guest.allow_device_nodes,
         second_session: Some(fs::side::Connector({
             let access = config.ceph.access.clone();

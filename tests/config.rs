@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
-use ceph_virtiofsd::args::{Args, CacheMode, LogLevel};
+use ceph_virtiofsd::args::Args;
 use ceph_virtiofsd::config::{Config, Listen};
+use ceph_virtiofsd::fs::CacheMode;
+use ceph_virtiofsd::logging::LogLevel;
 use clap::Parser;
 
 fn example() -> String {

@@ -19,8 +19,9 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ceph_virtiofsd::args::{Args, CacheMode};
+use ceph_virtiofsd::args::Args;
 use ceph_virtiofsd::config::{Config, Listen};
+use ceph_virtiofsd::fs::CacheMode;
 use clap::{CommandFactory, Parser};
 
 const DAEMON: &str = env!("CARGO_BIN_EXE_ceph-virtiofsd");
