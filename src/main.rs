@@ -64,7 +64,11 @@ fn fs_config(config: &Config) -> FsConfig {
 /// Start quarantine enforcement for the daemon (None when `--quarantine off`).
 fn start_quarantine(config: &Config) -> std::io::Result<Option<(Arc<Gate>, Watcher)>> {
     if !config.quarantine.enabled {
-        info!("quarantine: enforcement off (--quarantine off)");
+        // Logged under the quarantine's target, as before the wiring moved here.
+        info!(
+            target: "ceph_virtiofsd::quarantine",
+            "quarantine: enforcement off (--quarantine off)"
+        );
         return Ok(None);
     }
     quarantine::start(
