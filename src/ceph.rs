@@ -23,15 +23,51 @@ const QUIET_LOGS: &[&str] = &[
     "debug_finisher",
 ];
 
-/// How to reach the cluster (the `[ceph]` part of the daemon's configuration).
-#[derive(Debug, Clone, Default)]
+/// How to reach the cluster (the `[ceph]` part of the daemon's configuration, and the
+/// quarantine command's cluster options). Its `Debug` output hides secret option values.
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct CephAccess {
+    /// ceph.conf path; `None` = libcephfs's default search path.
     pub conf: Option<PathBuf>,
+    /// Client id without "client." (`None` = libcephfs default, "admin").
     pub client_id: Option<String>,
     pub keyring: Option<PathBuf>,
     pub fs_name: Option<String>,
+    /// Extra libcephfs options, applied in this order (keys are unique).
     pub options: Vec<(String, String)>,
+    /// libcephfs's `client_mount_timeout`; zero = libcephfs's default.
     pub mount_timeout: Duration,
+}
+
+/// libcephfs options whose value is a secret (the cephx key itself): never printed.
+pub fn is_secret_option(key: &str) -> bool {
+    let k = key.trim().to_ascii_lowercase().replace('-', "_");
+    k == "key" || k.contains("secret") || k.ends_with("_key") || k.contains("password")
+}
+
+impl std::fmt::Debug for CephAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let options: Vec<(&str, &str)> = self
+            .options
+            .iter()
+            .map(|(k, v)| {
+                let shown = if is_secret_option(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("CephAccess")
+            .field("conf", &self.conf)
+            .field("client_id", &self.client_id)
+            .field("keyring", &self.keyring)
+            .field("fs_name", &self.fs_name)
+            .field("options", &options)
+            .field("mount_timeout", &self.mount_timeout)
+            .finish()
+    }
 }
 
 impl CephAccess {
@@ -81,15 +117,27 @@ impl CephAccess {
     }
 }
 
-impl From<&crate::config::CephConfig> for CephAccess {
-    fn from(c: &crate::config::CephConfig) -> Self {
-        CephAccess {
-            conf: c.conf.clone(),
-            client_id: c.client_id.clone(),
-            keyring: c.keyring.clone(),
-            fs_name: c.fs_name.clone(),
-            options: c.options.clone(),
-            mount_timeout: c.mount_timeout,
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_hides_secret_option_values() {
+        let secret = "AQBdecafbadc0ffee0000000000000000000000==";
+        let access = CephAccess {
+            client_id: Some("vm1".to_owned()),
+            options: vec![
+                ("key".to_owned(), secret.to_owned()),
+                ("auth-secret".to_owned(), format!("{secret}2")),
+                ("client_cache_size".to_owned(), "4096".to_owned()),
+            ],
+            ..CephAccess::default()
+        };
+        let shown = format!("{access:?} {access:#?}");
+        assert!(!shown.contains(secret), "{shown}");
+        assert!(shown.contains("<redacted>"), "{shown}");
+        assert!(shown.contains("client_cache_size") && shown.contains("4096"));
+        assert!(shown.contains("vm1"));
+        assert!(!is_secret_option("keyring") && !is_secret_option("keyfile"));
     }
 }

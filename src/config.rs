@@ -11,14 +11,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::args::{Args, CacheMode, LogLevel, SeccompMode, Snapshots};
+use crate::args::{self as cli, Args};
+use crate::ceph::{is_secret_option, CephAccess};
 use crate::fs::idmap::{IdMapError, IdMapping, Rule};
-use crate::sandbox::{SandboxConfig, SandboxError};
+use crate::fs::{CacheMode, SnapshotPolicy};
+pub use crate::logging::{LogConfig, LogLevel};
+use crate::sandbox::{SandboxConfig, SandboxError, SeccompMode};
+use crate::vhost_user::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 
-/// Longest mount tag the virtio-fs config space can carry (`struct virtio_fs_config.tag`).
-pub const MAX_TAG_LEN: usize = 36;
-/// Most request queues we offer (one vhost-user worker thread per queue, 64-bit queue masks).
-pub const MAX_REQUEST_QUEUES: u16 = 63;
 /// Default maximum of FUSE worker threads (started on demand, gone when idle), as QEMU's
 /// thread pool for blocking I/O.
 pub const DEFAULT_THREAD_POOL_SIZE: usize = 64;
@@ -40,61 +40,14 @@ pub enum Listen {
     Fd(RawFd),
 }
 
-/// Logging settings.
+/// How to reach and mount CephFS. Its `Debug` output hides secret option values (see
+/// [`CephAccess`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogConfig {
-    pub level: LogLevel,
-    pub syslog: bool,
-    /// A request in flight this long is reported by the watchdog; zero = the watchdog is off.
-    pub slow_request: Duration,
-}
-
-/// How to reach and mount CephFS. Its `Debug` output hides secret option values.
-#[derive(Clone, PartialEq, Eq)]
 pub struct CephConfig {
-    /// ceph.conf path; `None` = libcephfs's default search path.
-    pub conf: Option<PathBuf>,
-    /// Client id without "client." (`None` = libcephfs default, "admin").
-    pub client_id: Option<String>,
-    pub keyring: Option<PathBuf>,
-    pub fs_name: Option<String>,
+    /// How to reach the cluster.
+    pub access: CephAccess,
     /// Absolute path inside CephFS exported as the guest's root.
     pub root: String,
-    /// Extra libcephfs options, applied in this order (keys are unique).
-    pub options: Vec<(String, String)>,
-    pub mount_timeout: Duration,
-}
-
-/// libcephfs options whose value is a secret (the cephx key itself): never printed.
-pub fn is_secret_option(key: &str) -> bool {
-    let k = key.trim().to_ascii_lowercase().replace('-', "_");
-    k == "key" || k.contains("secret") || k.ends_with("_key") || k.contains("password")
-}
-
-impl std::fmt::Debug for CephConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let options: Vec<(&str, &str)> = self
-            .options
-            .iter()
-            .map(|(k, v)| {
-                let shown = if is_secret_option(k) {
-                    "<redacted>"
-                } else {
-                    v.as_str()
-                };
-                (k.as_str(), shown)
-            })
-            .collect();
-        f.debug_struct("CephConfig")
-            .field("conf", &self.conf)
-            .field("client_id", &self.client_id)
-            .field("keyring", &self.keyring)
-            .field("fs_name", &self.fs_name)
-            .field("root", &self.root)
-            .field("options", &options)
-            .field("mount_timeout", &self.mount_timeout)
-            .finish()
-    }
 }
 
 /// The validated configuration of one daemon.
@@ -133,7 +86,7 @@ pub struct Config {
 pub struct GuestLimits {
     pub max_nodes: usize,
     pub max_handles: usize,
-    pub snapshots: Snapshots,
+    pub snapshots: SnapshotPolicy,
     pub allow_device_nodes: bool,
 }
 
@@ -196,6 +149,53 @@ pub enum ConfigError {
     BadQuarantinePropagation,
     #[error("{0} must be at least 1 (the default is {1})")]
     BadLimit(&'static str, usize),
+}
+
+// The command line's clap types stop here: `Config` carries the plain types of the layers that
+// use them.
+
+impl From<cli::CacheMode> for CacheMode {
+    fn from(m: cli::CacheMode) -> Self {
+        match m {
+            cli::CacheMode::Never => CacheMode::Never,
+            cli::CacheMode::Auto => CacheMode::Auto,
+            cli::CacheMode::Metadata => CacheMode::Metadata,
+            cli::CacheMode::Always => CacheMode::Always,
+        }
+    }
+}
+
+impl From<cli::Snapshots> for SnapshotPolicy {
+    fn from(s: cli::Snapshots) -> Self {
+        match s {
+            cli::Snapshots::ReadOnly => SnapshotPolicy::ReadOnly,
+            cli::Snapshots::ReadWrite => SnapshotPolicy::ReadWrite,
+            cli::Snapshots::Hidden => SnapshotPolicy::Hidden,
+        }
+    }
+}
+
+impl From<cli::LogLevel> for LogLevel {
+    fn from(l: cli::LogLevel) -> Self {
+        match l {
+            cli::LogLevel::Error => LogLevel::Error,
+            cli::LogLevel::Warn => LogLevel::Warn,
+            cli::LogLevel::Info => LogLevel::Info,
+            cli::LogLevel::Debug => LogLevel::Debug,
+            cli::LogLevel::Trace => LogLevel::Trace,
+            cli::LogLevel::Off => LogLevel::Off,
+        }
+    }
+}
+
+impl From<cli::SeccompMode> for SeccompMode {
+    fn from(m: cli::SeccompMode) -> Self {
+        match m {
+            cli::SeccompMode::None => SeccompMode::None,
+            cli::SeccompMode::Log => SeccompMode::Log,
+            cli::SeccompMode::Kill => SeccompMode::Kill,
+        }
+    }
 }
 
 /// The TOML file layout. Every key is optional; see config/ceph-virtiofsd.toml.
@@ -281,7 +281,7 @@ pub struct FileMetrics {
 pub struct FileSandbox {
     pub user: Option<String>,
     pub group: Option<String>,
-    pub seccomp: Option<SeccompMode>,
+    pub seccomp: Option<cli::SeccompMode>,
     /// uid translation rules (virtiofsd --translate-uid forms).
     #[serde(default)]
     pub translate_uid: Vec<String>,
@@ -304,18 +304,18 @@ pub struct FileVhostUser {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileFuse {
-    pub cache: Option<CacheMode>,
+    pub cache: Option<cli::CacheMode>,
     pub xattr: Option<bool>,
     pub max_nodes: Option<usize>,
     pub max_handles: Option<usize>,
-    pub snapshots: Option<Snapshots>,
+    pub snapshots: Option<cli::Snapshots>,
     pub allow_device_nodes: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 pub struct FileLog {
-    pub level: Option<LogLevel>,
+    pub level: Option<cli::LogLevel>,
     pub syslog: Option<bool>,
     pub slow_request_secs: Option<u64>,
 }
@@ -351,7 +351,7 @@ impl FileConfig {
 /// Values taken from legacy `-o` options.
 #[derive(Default)]
 struct Legacy {
-    cache: Option<CacheMode>,
+    cache: Option<cli::CacheMode>,
     xattr: Option<bool>,
     thread_pool_size: Option<usize>,
 }
@@ -371,10 +371,10 @@ fn parse_legacy(opts: &[String], warnings: &mut Vec<String>) -> Result<Legacy, C
             ("source", _) => return Err(ConfigError::SharedDir),
             ("cache", Some(v)) => {
                 let mode = match v {
-                    "none" | "never" => CacheMode::Never,
-                    "auto" => CacheMode::Auto,
-                    "always" => CacheMode::Always,
-                    "metadata" => CacheMode::Metadata,
+                    "none" | "never" => cli::CacheMode::Never,
+                    "auto" => cli::CacheMode::Auto,
+                    "always" => cli::CacheMode::Always,
+                    "metadata" => cli::CacheMode::Metadata,
                     _ => {
                         return Err(ConfigError::BadLegacyOpt(
                             opt.to_owned(),
@@ -461,7 +461,7 @@ impl Config {
         if let Some(m) = &self.metrics {
             return m.ceph_admin_socket.clone();
         }
-        admin_socket_option(&self.ceph.options)
+        admin_socket_option(&self.ceph.access.options)
             .filter(|v| !v.is_empty() && !v.contains('$'))
             .map(PathBuf::from)
     }
@@ -605,7 +605,8 @@ impl Config {
             .cache
             .or(legacy.cache)
             .or(file.fuse.cache)
-            .unwrap_or(CacheMode::Auto);
+            .unwrap_or(cli::CacheMode::Auto)
+            .into();
 
         let limit = |cli: Option<usize>, file: Option<usize>, name, default| match cli
             .or(file)
@@ -630,14 +631,20 @@ impl Config {
             snapshots: args
                 .snapshots
                 .or(file.fuse.snapshots)
-                .unwrap_or(Snapshots::ReadOnly),
+                .unwrap_or(cli::Snapshots::ReadOnly)
+                .into(),
             allow_device_nodes: args.allow_device_nodes
                 || file.fuse.allow_device_nodes.unwrap_or(false),
         };
 
-        let cli_level = args.log_level.or(args.debug.then_some(LogLevel::Debug));
+        let cli_level = args
+            .log_level
+            .or(args.debug.then_some(cli::LogLevel::Debug));
         let log = LogConfig {
-            level: cli_level.or(file.log.level).unwrap_or(LogLevel::Info),
+            level: cli_level
+                .or(file.log.level)
+                .unwrap_or(cli::LogLevel::Info)
+                .into(),
             syslog: args.syslog || file.log.syslog.unwrap_or(false),
             slow_request: args
                 .slow_request_secs
@@ -690,7 +697,8 @@ impl Config {
             seccomp: args
                 .seccomp
                 .or(file.sandbox.seccomp)
-                .unwrap_or(SeccompMode::Kill),
+                .unwrap_or(cli::SeccompMode::Kill)
+                .into(),
         };
         // Command-line rules replace the file's rules of the same kind (uid or gid).
         let pick = |cli: Vec<String>, file: Vec<String>| if cli.is_empty() { file } else { cli };
@@ -724,13 +732,15 @@ impl Config {
             guest,
             log,
             ceph: CephConfig {
-                conf: args.cluster.ceph_conf.or(file.ceph.conf),
-                client_id: args.cluster.client_id.or(file.ceph.client_id),
-                keyring: args.cluster.keyring.or(file.ceph.keyring),
-                fs_name: args.cluster.fs_name.or(file.ceph.fs_name),
+                access: CephAccess {
+                    conf: args.cluster.ceph_conf.or(file.ceph.conf),
+                    client_id: args.cluster.client_id.or(file.ceph.client_id),
+                    keyring: args.cluster.keyring.or(file.ceph.keyring),
+                    fs_name: args.cluster.fs_name.or(file.ceph.fs_name),
+                    options,
+                    mount_timeout: secs,
+                },
                 root,
-                options,
-                mount_timeout: secs,
             },
             sandbox,
             idmap,
@@ -769,7 +779,7 @@ mod tests {
             GuestLimits {
                 max_nodes: crate::fs::limits::DEFAULT_MAX_NODES,
                 max_handles: crate::fs::limits::DEFAULT_MAX_HANDLES,
-                snapshots: Snapshots::ReadOnly,
+                snapshots: SnapshotPolicy::ReadOnly,
                 allow_device_nodes: false,
             }
         );
@@ -793,7 +803,7 @@ mod tests {
             GuestLimits {
                 max_nodes: 30,
                 max_handles: 20,
-                snapshots: Snapshots::ReadWrite,
+                snapshots: SnapshotPolicy::ReadWrite,
                 allow_device_nodes: true,
             }
         );
@@ -814,7 +824,7 @@ mod tests {
         assert_eq!(c.cache, CacheMode::Auto);
         assert!(c.xattr);
         assert_eq!(c.ceph.root, "/");
-        assert_eq!(c.ceph.mount_timeout, DEFAULT_MOUNT_TIMEOUT);
+        assert_eq!(c.ceph.access.mount_timeout, DEFAULT_MOUNT_TIMEOUT);
         assert_eq!(c.log.slow_request, DEFAULT_SLOW_REQUEST);
         assert!(c.warnings.is_empty());
     }
@@ -962,9 +972,9 @@ mod tests {
         assert_eq!(c.queues, 2);
         assert_eq!(c.poll_us, 20);
         assert_eq!(c.ceph.root, "/from-file");
-        assert_eq!(c.ceph.client_id.as_deref(), Some("file"));
+        assert_eq!(c.ceph.access.client_id.as_deref(), Some("file"));
         assert_eq!(
-            c.ceph.options,
+            c.ceph.access.options,
             vec![
                 ("client_cache_size".to_owned(), "100".to_owned()),
                 ("client_oc".to_owned(), "true".to_owned())
@@ -991,6 +1001,7 @@ mod tests {
         assert!(shown.contains("<redacted>") && shown.contains("client_cache_size"));
         assert!(c
             .ceph
+            .access
             .options
             .iter()
             .any(|(k, v)| k == "key" && v == secret));
@@ -1099,7 +1110,12 @@ mod tests {
         use crate::metrics::MetricsEndpoint;
         let c = parse(&["--socket-path", "/r/vm.sock"]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.metrics, None, "off by default");
-        assert!(!c.ceph.options.iter().any(|(k, _)| k == "admin_socket"));
+        assert!(!c
+            .ceph
+            .access
+            .options
+            .iter()
+            .any(|(k, _)| k == "admin_socket"));
 
         let c = parse(&["--socket-path", "/r/vm.sock", "--metrics-addr", "9310"])
             .unwrap_or_else(|e| panic!("{e}"));
@@ -1111,6 +1127,7 @@ mod tests {
         assert_eq!(m.ceph_admin_socket, Some("/r/vm.sock.ceph.asok".into()));
         assert!(c
             .ceph
+            .access
             .options
             .iter()
             .any(|(k, v)| k == "admin_socket" && v == "/r/vm.sock.ceph.asok"));

@@ -1,12 +1,19 @@
 //! ceph-virtiofsd: a vhost-user virtio-fs daemon whose storage is CephFS through libcephfs.
 //!
-//! Layers (each may not know about the ones above it):
-//! - `args` / `config`: command line and TOML file, validated into [`config::Config`].
+//! Layers, top to bottom (each may not know about the ones above it; README's "Architecture"
+//! has the table of what each may import, `tests/layers.rs` checks it):
 //! - `daemon`: process lifecycle (socket, pid lock, signals, reconnects).
+//! - `args` / `config`: command line and TOML file, validated into [`config::Config`] of plain
+//!   types.
 //! - `vhost_user`: virtqueues, features, worker pool; generic over the filesystem.
-//! - `poll`: the adaptive polling window of queue threads (and of the bench's guest side).
 //! - `server`: FUSE pre-dispatch in front of fuse-backend-rs's server.
-//! - the filesystem (CephFS) implements fuse-backend-rs's `FileSystem` plus [`server::ExtraOps`].
+//! - `fs`: the filesystem (CephFS) implements fuse-backend-rs's `FileSystem` plus
+//!   [`server::wire::ExtraOps`].
+//! - `quarantine`: the gate `fs` asks, its watcher and the operator command.
+//! - `metrics`: counters the layers above record into, with plain values.
+//! - leaves: `server::wire` (the FUSE wire format), `ceph` (reaching the cluster), `poll` (the
+//!   adaptive polling window of queue threads and of the bench's guest side), `logging`,
+//!   `sandbox`.
 
 pub mod args;
 pub mod ceph;

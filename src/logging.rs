@@ -37,8 +37,26 @@ use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
-use crate::args::LogLevel;
-use crate::config::LogConfig;
+/// Log verbosity (`--log-level`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+    /// Logging disabled.
+    Off,
+}
+
+/// Logging settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogConfig {
+    pub level: LogLevel,
+    pub syslog: bool,
+    /// A request in flight this long is reported by the watchdog; zero = the watchdog is off.
+    pub slow_request: Duration,
+}
 
 const SYSLOG_SOCKET: &str = "/dev/log";
 /// syslog facility LOG_DAEMON, shifted.

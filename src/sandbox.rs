@@ -28,8 +28,6 @@ use seccompiler::{
     SeccompRule, TargetArch,
 };
 
-use crate::args::SeccompMode;
-
 /// An unprivileged account to switch to, resolved when the configuration is read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
@@ -37,6 +35,17 @@ pub struct Account {
     pub name: String,
     pub uid: u32,
     pub gid: u32,
+}
+
+/// What the seccomp filter does with a syscall outside its allow-list (`--seccomp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeccompMode {
+    /// No filter.
+    None,
+    /// Allow it, and have the kernel log it.
+    Log,
+    /// Kill the daemon (the default).
+    Kill,
 }
 
 /// What [`enter`] does.

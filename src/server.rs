@@ -28,16 +28,13 @@ use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
+use crate::metrics;
 use crate::metrics::inflight::{self, RequestInfo};
-use crate::metrics::{self, ReplyHead};
 
-/// FUSE_COPY_FILE_RANGE (Linux `include/uapi/linux/fuse.h`).
-pub const FUSE_COPY_FILE_RANGE: u32 = 47;
-/// FUSE_SYNCFS (protocol 7.34).
-pub const FUSE_SYNCFS: u32 = 50;
-/// FUSE_SETLKW: fuse-backend-rs 0.14 dispatches it to `FileSystem::setlk`, so a blocking lock
-/// request would fail with EAGAIN instead of waiting; we dispatch it to `setlkw` ourselves.
-pub const FUSE_SETLKW: u32 = 33;
+pub mod wire;
+
+pub use wire::{ExtraOps, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+use wire::{ReplyHead, OUT_HEADER_LEN, REPLY_HEAD_LEN};
 
 /// The opcodes the daemon serves; everything else is answered ENOSYS before fuse-backend-rs
 /// sees it. Linux `include/uapi/linux/fuse.h`: 7 (the old FUSE_BMAP slot) and 19 were never
@@ -70,30 +67,6 @@ struct SyncfsIn {
 }
 // SAFETY: plain-old-data struct of one integer: every bit pattern is valid, no padding.
 unsafe impl ByteValued for SyncfsIn {}
-
-/// Operations fuse-backend-rs 0.14 does not dispatch; the filesystem implements them.
-///
-/// Errors must be `io::Error::from_raw_os_error(errno)`: the errno goes to the guest unchanged.
-pub trait ExtraOps {
-    /// Copy `len` bytes from (`ino_in`, `fh_in`, `off_in`) to (`ino_out`, `fh_out`, `off_out`)
-    /// inside the filesystem; return the number of bytes copied (may be short).
-    #[allow(clippy::too_many_arguments)]
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> io::Result<usize>;
-
-    /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
-    fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
-}
 
 /// Transport-level failures: the request could not be answered at all. Filesystem errors are
 /// not here; they become replies carrying an errno.
@@ -138,7 +111,7 @@ where
     /// another request than the one the caller placed. A SETLKW reaching a thread marked by
     /// [`mark_queue_thread`] is refused with ENOLCK instead of waiting there.
     ///
-    /// `reply_head(n)` reads back the first bytes (up to [`metrics::REPLY_HEAD_LEN`]) of the
+    /// `reply_head(n)` reads back the first bytes (up to [`REPLY_HEAD_LEN`]) of the
     /// `n`-byte reply just written, for the metrics: the errno and WRITE's size are in there.
     /// Every request is counted in [`metrics::global`], logged in a debug-level span, and noted
     /// in this thread's in-flight slot for the slow-request watchdog while it is served.
@@ -148,7 +121,7 @@ where
         reader: Reader<'_, S>,
         writer: Writer<'_, S>,
         queue: usize,
-        reply_head: impl FnOnce(usize) -> ([u8; metrics::REPLY_HEAD_LEN], usize),
+        reply_head: impl FnOnce(usize) -> ([u8; REPLY_HEAD_LEN], usize),
     ) -> Result<usize, ServerError> {
         let start = Instant::now();
         let mut peek = reader.clone();
@@ -160,7 +133,7 @@ where
             return Err(ServerError::ShortHeader(available));
         }
         let tracked = inflight::track(start, || request_info(&header, &peek, queue));
-        let op = metrics::opcode_name(usize::try_from(header.opcode).unwrap_or(0));
+        let op = wire::opcode_name(usize::try_from(header.opcode).unwrap_or(0));
         let span = tracing::debug_span!(
             "fuse",
             op,
@@ -176,7 +149,7 @@ where
             t.finish(elapsed);
         }
         let reply = match &result {
-            Ok(n) if *n >= metrics::OUT_HEADER_LEN => {
+            Ok(n) if *n >= OUT_HEADER_LEN => {
                 let (head, filled) = reply_head(*n);
                 ReplyHead::parse(header.opcode, head.get(..filled).unwrap_or(&[]), *n)
             }

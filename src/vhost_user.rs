@@ -40,7 +40,6 @@ use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
 };
 
-use crate::config::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 use crate::metrics;
 use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
@@ -53,6 +52,11 @@ use crate::server::{
 };
 use cost::ServeCost;
 use pool::{PoolLimits, WorkerPool};
+
+/// Longest mount tag the virtio-fs config space can carry (`struct virtio_fs_config.tag`).
+pub const MAX_TAG_LEN: usize = 36;
+/// Most request queues we offer (one vhost-user worker thread per queue, 64-bit queue masks).
+pub const MAX_REQUEST_QUEUES: u16 = 63;
 
 /// Guest memory as vhost-user-backend hands it to us.
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
@@ -635,8 +639,8 @@ fn read_reply_head(
     mem: &MemGuard,
     chain: DescriptorChain<MemGuard>,
     written: usize,
-) -> ([u8; metrics::REPLY_HEAD_LEN], usize) {
-    let mut head = [0u8; metrics::REPLY_HEAD_LEN];
+) -> ([u8; crate::server::wire::REPLY_HEAD_LEN], usize) {
+    let mut head = [0u8; crate::server::wire::REPLY_HEAD_LEN];
     let want = written.min(head.len());
     let mut filled = 0;
     for desc in chain.writable() {

@@ -2,8 +2,10 @@
 
 use std::path::PathBuf;
 
-use ceph_virtiofsd::args::{Args, CacheMode, LogLevel};
+use ceph_virtiofsd::args::Args;
 use ceph_virtiofsd::config::{Config, Listen};
+use ceph_virtiofsd::fs::CacheMode;
+use ceph_virtiofsd::logging::LogLevel;
 use clap::Parser;
 
 fn example() -> String {
@@ -37,12 +39,12 @@ fn example_config_parses() {
     assert_eq!(c.log.level, LogLevel::Info);
     assert!(!c.log.syslog);
     assert_eq!(c.log.slow_request.as_secs(), 30);
-    assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
-    assert_eq!(c.ceph.fs_name.as_deref(), Some("cephfs"));
+    assert_eq!(c.ceph.access.client_id.as_deref(), Some("vm1"));
+    assert_eq!(c.ceph.access.fs_name.as_deref(), Some("cephfs"));
     assert_eq!(c.ceph.root, "/volumes/_nogroup/vm1");
-    assert_eq!(c.ceph.mount_timeout.as_secs(), 30);
+    assert_eq!(c.ceph.access.mount_timeout.as_secs(), 30);
     assert_eq!(
-        c.ceph.options,
+        c.ceph.access.options,
         vec![("client_cache_size".to_owned(), "16384".to_owned())]
     );
     assert!(c.warnings.is_empty());
@@ -75,14 +77,14 @@ fn command_line_overrides_example_config() {
     assert_eq!(c.thread_pool_size, 0);
     assert_eq!(c.ceph.root, "/other");
     assert_eq!(
-        c.ceph.options,
+        c.ceph.access.options,
         vec![("client_cache_size".to_owned(), "1".to_owned())]
     );
     assert_eq!(c.log.level, LogLevel::Debug);
     assert!(c.keep_serving);
     assert!(c.log.slow_request.is_zero());
     // Untouched values still come from the file.
-    assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
+    assert_eq!(c.ceph.access.client_id.as_deref(), Some("vm1"));
 }
 
 /// Every option of `--help` (but those that make no sense in a file) is documented in the

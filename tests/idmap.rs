@@ -224,7 +224,8 @@ fn a_non_root_guest_user_works_on_files_owned_by_its_mapped_ids() {
 /// The example configuration's [sandbox] section parses into the documented translation.
 #[test]
 fn example_config_translation_and_sandbox() {
-    use ceph_virtiofsd::args::{Args, SeccompMode};
+    use ceph_virtiofsd::args::Args;
+    use ceph_virtiofsd::sandbox::SeccompMode;
     use clap::Parser;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/ceph-virtiofsd.toml");
     let args = Args::try_parse_from([

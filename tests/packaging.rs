@@ -19,8 +19,9 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use ceph_virtiofsd::args::{Args, CacheMode};
+use ceph_virtiofsd::args::Args;
 use ceph_virtiofsd::config::{Config, Listen};
+use ceph_virtiofsd::fs::CacheMode;
 use clap::{CommandFactory, Parser};
 
 const DAEMON: &str = env!("CARGO_BIN_EXE_ceph-virtiofsd");
@@ -279,7 +280,7 @@ fn compat_wrapper_maps_libvirt_and_kata_command_lines() {
     assert_eq!(c.listen, Listen::Fd(3));
     assert_eq!(c.cache, CacheMode::Never);
     assert_eq!(c.thread_pool_size, 2);
-    assert_eq!(c.ceph.client_id.as_deref(), Some("vm1"));
+    assert_eq!(c.ceph.access.client_id.as_deref(), Some("vm1"));
 
     // Older libvirt: -o source=...; source is a directory holding ceph-virtiofsd.toml.
     let opts = format!("source={share},cache=always,xattr");
@@ -326,7 +327,7 @@ fn compat_wrapper_maps_libvirt_and_kata_command_lines() {
     let c = config_of(&got);
     assert_eq!(c.listen, Listen::Fd(3));
     assert_eq!(c.cache, CacheMode::Auto);
-    assert_eq!(c.ceph.client_id.as_deref(), Some("kata"));
+    assert_eq!(c.ceph.access.client_id.as_deref(), Some("kata"));
     assert_eq!(c.ceph.root, "/volumes/_nogroup/kata");
     assert!(c.log.syslog);
 }

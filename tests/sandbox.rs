@@ -10,8 +10,8 @@ mod common;
 use std::os::unix::process::ExitStatusExt;
 use std::process::Command;
 
-use ceph_virtiofsd::args::SeccompMode;
 use ceph_virtiofsd::sandbox;
+use ceph_virtiofsd::sandbox::SeccompMode;
 
 const CHILD_ENV: &str = "CVFS_SANDBOX_CHILD";
 

@@ -630,7 +630,7 @@ mod wrapper {
     use fuse_backend_rs::transport::FsCacheReqHandler;
 
     use super::IdMapping;
-    use crate::server::ExtraOps;
+    use crate::server::wire::ExtraOps;
 
     /// A filesystem seen through a uid/gid translation (see the module documentation).
     #[derive(Debug)]

@@ -111,14 +111,13 @@ impl LimitStats {
     }
 }
 
-/// Inode releases the MDS asked for (process-wide: libcephfs calls back without a handle to
-/// our filesystem, and one daemon serves one guest).
-static RECALLS: AtomicU64 = AtomicU64::new(0);
+/// Inode releases the MDS asked for are counted in the process-wide metrics (libcephfs calls
+/// back without a handle to our filesystem, and one daemon serves one guest).
 static RECALL_LOG: Mutex<Option<Throttle>> = Mutex::new(None);
 
 /// Releases the MDS asked for so far.
 pub fn recalls() -> u64 {
-    RECALLS.load(Ordering::Relaxed)
+    crate::metrics::global().mds_recalls()
 }
 
 /// The libcephfs callback handler of the export's mount: it takes the MDS's cache-pressure
@@ -132,7 +131,7 @@ impl ceph_client::CallbackHandler for RecallHandler {
     }
 
     fn release_inode(&self, vino: ceph_client::Vino) {
-        RECALLS.fetch_add(1, Ordering::Relaxed);
+        crate::metrics::mds_inode_recalled();
         let mut log = RECALL_LOG.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(suppressed) = log
             .get_or_insert_with(Throttle::default)

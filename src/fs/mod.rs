@@ -20,6 +20,7 @@ pub mod nodes;
 pub mod perms;
 pub mod policy;
 pub mod side;
+mod stats;
 
 use std::ffi::{CStr, CString};
 use std::io;
@@ -2568,7 +2569,7 @@ pub fn access_allowed(st: &Statx, uid: u32, gid: u32, mask: u32) -> bool {
     bits & mask == mask
 }
 
-impl crate::server::ExtraOps for CephFs {
+impl crate::server::wire::ExtraOps for CephFs {
     fn copy_file_range(
         &self,
         ctx: &Context,

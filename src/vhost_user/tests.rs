@@ -44,9 +44,48 @@ pub(crate) struct TestFs {
     /// Calls of operations the daemon does not serve (BMAP, POLL): none may arrive.
     unserved: Mutex<Vec<&'static str>>,
     /// Handles given by OPEN; FLUSH checks them; DESTROY empties the table.
-    handles: crate::fs::handles::HandleTable<()>,
+    handles: Handles,
     /// How often the session was ended (DESTROY, or the end of a frontend's connection).
     pub(crate) destroyed: AtomicUsize,
+}
+
+/// The open handles of a [`TestFs`]: handle → node it was opened on (the transport needs no
+/// more than that; the filesystem's own table is not the transport's to know).
+#[derive(Default)]
+struct Handles {
+    next: std::sync::atomic::AtomicU64,
+    open: Mutex<std::collections::HashMap<u64, u64>>,
+}
+
+impl Handles {
+    fn insert(&self, node: u64) -> u64 {
+        let fh = self.next.fetch_add(1, AtomicOrdering::SeqCst) + 1;
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(fh, node);
+        fh
+    }
+
+    /// `fh` if it is open on `node`, EBADF otherwise.
+    fn get(&self, node: u64, fh: u64) -> Result<u64, i32> {
+        match self
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&fh)
+        {
+            Some(n) if *n == node => Ok(fh),
+            _ => Err(libc::EBADF),
+        }
+    }
+
+    fn clear(&self) {
+        self.open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
 }
 
 /// The handle whose SETLKW waits for [`TestFs::release_lock`].
@@ -161,10 +200,7 @@ impl FileSystem for TestFs {
         fuse_backend_rs::api::filesystem::OpenOptions,
         Option<u32>,
     )> {
-        let fh = self
-            .handles
-            .insert(inode, ())
-            .map_err(io::Error::from_raw_os_error)?;
+        let fh = self.handles.insert(inode);
         Ok((
             Some(fh),
             fuse_backend_rs::api::filesystem::OpenOptions::empty(),

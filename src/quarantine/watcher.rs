@@ -1,0 +1,402 @@
+//! The watcher thread that keeps a daemon's view of the quarantine state current, on its own
+//! libcephfs mount, and the watchdog that denies every domain while it stalls.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use ceph_client::{CephError, Inode, Mount, UserPerm};
+
+use super::*;
+
+/// Keeps a daemon's [`Gate`] current; stops (and unmounts) when dropped.
+pub struct Watcher {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    watchdog: Option<std::thread::JoinHandle<()>>,
+}
+
+/// Fail closed when the watcher stalls: no round finished within the propagation bound (an
+/// MDS that does not answer, a hung mount) leaves flags that may be stale, so every domain is
+/// denied until a round finishes again (at most twice the bound after the last one). Runs on its
+/// own thread, touching no Ceph call, so it cannot hang with the watcher.
+pub fn watchdog(
+    gate: Arc<Gate>,
+    cfg: QuarantineConfig,
+    stop: Arc<AtomicBool>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let every = cfg.poll_interval();
+    // A round normally finishes every `every` plus its own time; one that has not finished
+    // within the bound is stalled (so flags are at most twice the bound old), not merely slow
+    // on a loaded host.
+    let stalled = cfg.propagation.max(every * 4);
+    std::thread::Builder::new()
+        .name("quarantine-watchdog".into())
+        .spawn(move || {
+            let mut logged = false;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(every);
+                if gate.since_round() > stalled {
+                    if !logged {
+                        tracing::error!(
+                            stalled_ms =
+                                u64::try_from(gate.since_round().as_millis()).unwrap_or(u64::MAX),
+                            "quarantine: the watcher has not finished a round within the \
+                             propagation bound (is the MDS answering?); every quarantine-capable \
+                             directory is denied (fail closed) until it does"
+                        );
+                        logged = true;
+                    }
+                    gate.fail_closed(&cfg);
+                } else if logged {
+                    tracing::info!("quarantine: the watcher is reading the state again");
+                    logged = false;
+                }
+            }
+        })
+}
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.watchdog.take() {
+            let _ = t.join();
+        }
+        if let Some(t) = self.thread.take() {
+            // The thread sleeps at most one poll interval before it sees the flag.
+            let _ = t.join();
+        }
+    }
+}
+
+struct Scanner {
+    access: CephAccess,
+    cfg: QuarantineConfig,
+    gate: Arc<Gate>,
+    mount: Option<Mount>,
+    perm: UserPerm,
+    /// Resolved domain roots by path.
+    roots: HashMap<String, Inode>,
+    states: BTreeMap<u32, State>,
+    /// Directory listings of /volumes and the groups, by inode number.
+    listings: HashMap<u64, Listing>,
+    mount_error_logged: bool,
+    discovery_error_logged: bool,
+    /// Discovered directories no domain was left for (denied, see `scan`).
+    overflow: std::collections::HashSet<String>,
+}
+
+impl Scanner {
+    fn log_state(&self, domain: u32, path: &str, old: Option<State>, new: State) {
+        if old == Some(new) {
+            return;
+        }
+        match new {
+            State::Quarantined => tracing::info!(path, domain, "quarantine: directory quarantined"),
+            State::Released if old.is_some() && old != Some(State::Unknown) => {
+                tracing::info!(path, domain, "quarantine: directory released")
+            }
+            State::Unreadable => tracing::error!(
+                path,
+                domain,
+                "quarantine: cannot read the quarantine state; access denied (fail closed) until \
+                 it can be read: check that this client may read xattrs of that directory"
+            ),
+            _ => {}
+        }
+    }
+
+    /// One round: (re)mount if needed, discover subvolumes, read every domain's state, publish.
+    fn scan(&mut self) {
+        if self.mount.is_none() {
+            match self.access.mount_root() {
+                Ok(m) => {
+                    self.mount = Some(m);
+                    if self.mount_error_logged {
+                        tracing::info!("quarantine: watcher mounted CephFS, reading state");
+                    }
+                    self.mount_error_logged = false;
+                }
+                Err(e) => {
+                    if !self.mount_error_logged {
+                        tracing::error!(error = %e, "quarantine: the watcher cannot mount CephFS '/', so quarantine state cannot be read; access to quarantine-capable directories is denied (fail closed): give this client read access to / (and /volumes) or run with --quarantine off");
+                        self.mount_error_logged = true;
+                    }
+                    self.publish_all(State::Unreadable);
+                    return;
+                }
+            }
+        }
+        let Some(mount) = self.mount.clone() else {
+            return;
+        };
+        for p in self.discover(&mount) {
+            if self.gate.domain_for_path(&p).is_some() || self.overflow.contains(&p) {
+                continue;
+            }
+            // No domain left: its state cannot be followed, so it is denied (fail closed).
+            // A daemon's own export is registered first, so only directories discovered
+            // later, which a tenant's daemon cannot reach, can be left without one.
+            match resolve(&mount, &p, &self.perm).map(|i| i.vino()) {
+                Ok(Ok(v)) if self.gate.register_root(v.ino, UNSURE) => {
+                    tracing::error!(path = %p, "quarantine: more than {MAX_DOMAINS} quarantine-capable directories; this one is denied to this daemon's guest (fail closed) until the daemon is restarted");
+                    self.overflow.insert(p);
+                }
+                _ => {}
+            }
+        }
+        let paths: Vec<String> = self
+            .gate
+            .paths
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut states = Vec::with_capacity(paths.len());
+        for (i, p) in paths.iter().enumerate() {
+            let Ok(d) = u32::try_from(i + 1) else { break };
+            let s = self.read_domain(&mount, d, p);
+            let old = self.states.insert(d, s);
+            self.log_state(d, p, old, s);
+            states.push(s);
+        }
+        self.gate.publish(&effective(&paths, &states, &self.cfg));
+        // While anything is denied, a directory another client renamed into or out of a
+        // denied domain must not keep the domain it had: nodes derive theirs again (from their
+        // real ancestry) once per round.
+        if self.gate.any_denied() {
+            self.gate.invalidate();
+        }
+        self.gate.round_done();
+    }
+
+    fn publish_all(&mut self, s: State) {
+        let paths: Vec<String> = self
+            .gate
+            .paths
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let states = vec![s; paths.len()];
+        self.gate.publish(&effective(&paths, &states, &self.cfg));
+    }
+
+    /// Read one domain's state. The path is resolved again every round (each step answered
+    /// from the client's cache unless another client changed that directory): a domain is
+    /// its path, so a directory created, removed and re-created under it after the daemon
+    /// started is registered as the domain's root as soon as it is there, and nodes already
+    /// below it derive their domain again ([`Gate::register_root`]).
+    fn read_domain(&mut self, mount: &Mount, d: u32, path: &str) -> State {
+        let inode = match resolve(mount, path, &self.perm) {
+            Ok(i) => i,
+            // Nothing there: nothing to protect (until it appears: next round).
+            Err(e) if e.errno() == libc::ENOENT => {
+                self.roots.remove(path);
+                return State::Released;
+            }
+            Err(e) => {
+                tracing::debug!(path, error = %e, "quarantine: resolve");
+                return State::Unreadable;
+            }
+        };
+        let ino = match inode.vino() {
+            Ok(v) => v.ino,
+            Err(e) => {
+                tracing::debug!(path, error = %e, "quarantine: resolve");
+                return State::Unreadable;
+            }
+        };
+        let known = self
+            .roots
+            .get(path)
+            .and_then(|i| i.vino().ok())
+            .map(|v| v.ino);
+        if known != Some(ino) {
+            if known.is_some() {
+                tracing::info!(path, domain = d, "quarantine: directory re-created");
+            }
+            self.gate.register_root(ino, d);
+        }
+        let state = match read_state(mount, &inode, &self.perm) {
+            Ok(true) => State::Quarantined,
+            Ok(false) => State::Released,
+            Err(e) => {
+                tracing::debug!(path, error = %e, "quarantine: getxattr");
+                State::Unreadable
+            }
+        };
+        self.roots.insert(path.to_owned(), inode);
+        state
+    }
+
+    /// `/volumes/<group>/<subvolume>` directories that exist now.
+    fn discover(&mut self, mount: &Mount) -> Vec<String> {
+        let r = (|| -> Result<Vec<String>, CephError> {
+            let vol = match resolve(mount, VOLUMES, &self.perm) {
+                Ok(v) => v,
+                Err(e) if e.errno() == libc::ENOENT => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            };
+            let mut out = Vec::new();
+            let listings = &mut self.listings;
+            for g in subdirs_cached(mount, &vol, &self.perm, listings)? {
+                if !is_group_name(&g) {
+                    continue;
+                }
+                let Ok(gname) = CString::new(g.clone()) else {
+                    continue;
+                };
+                let gdir = match mount.lookup(&vol, &gname, 0, 0, &self.perm) {
+                    Ok((i, _)) => i,
+                    Err(e) if e.errno() == libc::ENOENT => continue,
+                    Err(e) => return Err(e),
+                };
+                for s in subdirs_cached(mount, &gdir, &self.perm, listings)? {
+                    if is_subvolume_name(&s) {
+                        out.push(format!(
+                            "{VOLUMES}/{}/{}",
+                            String::from_utf8_lossy(&g),
+                            String::from_utf8_lossy(&s)
+                        ));
+                    }
+                }
+            }
+            Ok(out)
+        })();
+        match r {
+            Ok(v) => {
+                self.discovery_error_logged = false;
+                v
+            }
+            Err(e) => {
+                if !self.discovery_error_logged {
+                    tracing::warn!(error = %e, "quarantine: cannot list {VOLUMES}; new subvolumes are not discovered (configured paths are still enforced)");
+                    self.discovery_error_logged = true;
+                }
+                Vec::new()
+            }
+        }
+    }
+}
+
+/// Start quarantine enforcement for a daemon exporting `export_root`: allocate the gate, read
+/// the state once (so the daemon starts with it), then keep it current in a thread.
+pub fn start(
+    access: CephAccess,
+    cfg: QuarantineConfig,
+    export_root: &str,
+) -> std::io::Result<(Arc<Gate>, Watcher)> {
+    // `--ceph-root /volumes//_nogroup/sv1/` is the subvolume's inside as much as the
+    // canonical spelling: the cover is decided on the canonical path. A path that has none
+    // ("..") cannot be placed, so it is refused rather than left in domain 0.
+    let export_root = normalize(export_root).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "quarantine: the exported path {export_root:?} is not an absolute CephFS path \
+                 without \"..\": give --ceph-root as /dir/sub"
+            ),
+        )
+    })?;
+    let export_root = export_root.as_str();
+    let gate = Arc::new(Gate::new());
+    *gate.export_root.write().unwrap_or_else(|e| e.into_inner()) = export_root.to_owned();
+    for p in cfg.paths.iter().chain(cfg.recovery_paths.iter()) {
+        gate.domain_for_path(p);
+    }
+    if let Some(c) = cover_of(export_root, &cfg) {
+        if let Some(d) = gate.domain_for_path(&c) {
+            gate.root_domain.store(d, Ordering::Relaxed);
+        }
+    }
+    let interval = cfg.poll_interval();
+    let mut s = Scanner {
+        access,
+        cfg,
+        gate: gate.clone(),
+        mount: None,
+        perm: UserPerm::root(),
+        roots: HashMap::new(),
+        states: BTreeMap::new(),
+        listings: HashMap::new(),
+        mount_error_logged: false,
+        discovery_error_logged: false,
+        overflow: std::collections::HashSet::new(),
+    };
+    s.scan();
+    tracing::info!(
+        domains = gate.domain_count(),
+        denied = gate.denied_count.load(Ordering::Relaxed),
+        root_domain = gate.root_domain(),
+        "quarantine: enforcing"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let dog = watchdog(gate.clone(), s.cfg.clone(), stop.clone())?;
+    let thread = std::thread::Builder::new()
+        .name("quarantine".into())
+        .spawn(move || {
+            while !stop2.load(Ordering::Relaxed) {
+                std::thread::sleep(interval);
+                s.scan();
+            }
+            // Dropping `s` releases the inode references and then the mount.
+            s.roots.clear();
+            if let Some(m) = s.mount.take() {
+                let _ = m.shutdown();
+            }
+        })?;
+    Ok((
+        gate,
+        Watcher {
+            stop,
+            thread: Some(thread),
+            watchdog: Some(dog),
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn cfg() -> QuarantineConfig {
+        QuarantineConfig::default()
+    }
+
+    #[test]
+    fn hostile_stalled_watcher_fails_closed() {
+        let g = Arc::new(Gate::new());
+        let d = g.domain_for_path("/volumes/_nogroup/sv1").unwrap();
+        g.publish(&[false]);
+        g.round_done();
+        assert!(!g.denied(d));
+        let cfg = QuarantineConfig {
+            propagation: Duration::from_millis(200),
+            ..cfg()
+        };
+        // No watcher finishes a round from now on (a stalled scan).
+        let stop = Arc::new(AtomicBool::new(false));
+        let dog = watchdog(g.clone(), cfg, stop.clone()).unwrap();
+        let t = Instant::now();
+        while !g.denied(d) && t.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(g.denied(d), "a stalled watcher leaves the domain open");
+        println!("denied {} ms after the last round", t.elapsed().as_millis());
+        // A finished round opens it again (the watcher publishes the real flags).
+        g.round_done();
+        g.publish(&[false]);
+        assert!(!g.denied(d));
+        stop.store(true, Ordering::Relaxed);
+        dog.join().unwrap();
+    }
+}

@@ -1,0 +1,269 @@
+//! The FUSE wire contract the server, the filesystem and the metrics share (Linux
+//! `include/uapi/linux/fuse.h`): opcode numbers and names, errno names, what a reply's first
+//! bytes say ([`ReplyHead`]), and the operations fuse-backend-rs does not dispatch
+//! ([`ExtraOps`], implemented by the filesystem). A leaf: it knows nothing of the rest of the
+//! daemon, so the layers below the server may name the wire format without knowing the server.
+
+use std::io;
+
+use fuse_backend_rs::api::filesystem::Context;
+
+/// FUSE_LOOKUP / FUSE_READ / FUSE_WRITE (Linux `include/uapi/linux/fuse.h`).
+pub const FUSE_LOOKUP: u32 = 1;
+pub const FUSE_READ: u32 = 15;
+pub const FUSE_WRITE: u32 = 16;
+/// Size of `struct fuse_out_header`.
+pub const OUT_HEADER_LEN: usize = 16;
+/// Out-header plus `struct fuse_write_out` or `fuse_entry_out.nodeid`: what
+/// [`ReplyHead::parse`] needs to see.
+pub const REPLY_HEAD_LEN: usize = OUT_HEADER_LEN + 8;
+/// FUSE_COPY_FILE_RANGE (Linux `include/uapi/linux/fuse.h`).
+pub const FUSE_COPY_FILE_RANGE: u32 = 47;
+/// FUSE_SYNCFS (protocol 7.34).
+pub const FUSE_SYNCFS: u32 = 50;
+/// FUSE_SETLKW: fuse-backend-rs 0.14 dispatches it to `FileSystem::setlk`, so a blocking lock
+/// request would fail with EAGAIN instead of waiting; we dispatch it to `setlkw` ourselves.
+pub const FUSE_SETLKW: u32 = 33;
+
+/// Operations fuse-backend-rs 0.14 does not dispatch; the filesystem implements them.
+///
+/// Errors must be `io::Error::from_raw_os_error(errno)`: the errno goes to the guest unchanged.
+pub trait ExtraOps {
+    /// Copy `len` bytes from (`ino_in`, `fh_in`, `off_in`) to (`ino_out`, `fh_out`, `off_out`)
+    /// inside the filesystem; return the number of bytes copied (may be short).
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize>;
+
+    /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
+    fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
+}
+
+/// What the reply written to the guest says, read back after the server answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ReplyHead {
+    /// Positive errno, 0 on success.
+    pub errno: i32,
+    /// `fuse_write_out.size` when the reply carries one (successful WRITE).
+    pub write_size: Option<u32>,
+    /// Bytes of payload after the out-header (e.g. the data of a READ).
+    pub payload: usize,
+    /// A successful LOOKUP answered with node id 0: "no such name, cache that".
+    pub negative_entry: bool,
+}
+
+impl ReplyHead {
+    /// Parse the first bytes of a reply of `total` bytes (`head` holds up to
+    /// [`REPLY_HEAD_LEN`] of them) to a request with `opcode`. `None` if there is no out-header.
+    pub fn parse(opcode: u32, head: &[u8], total: usize) -> Option<ReplyHead> {
+        let error = i32::from_ne_bytes(head.get(4..8)?.try_into().ok()?);
+        let errno = error.checked_neg().filter(|e| *e >= 0).unwrap_or(0);
+        let write_size = if opcode == FUSE_WRITE && errno == 0 {
+            head.get(16..20)
+                .and_then(|b| b.try_into().ok())
+                .map(u32::from_ne_bytes)
+        } else {
+            None
+        };
+        let negative_entry = opcode == FUSE_LOOKUP
+            && errno == 0
+            && head
+                .get(16..24)
+                .and_then(|b| b.try_into().ok())
+                .map(u64::from_ne_bytes)
+                == Some(0);
+        Some(ReplyHead {
+            errno,
+            write_size,
+            payload: total.saturating_sub(OUT_HEADER_LEN),
+            negative_entry,
+        })
+    }
+}
+
+/// Name of a FUSE opcode (Linux `enum fuse_opcode`), "UNKNOWN" for anything else.
+pub fn opcode_name(opcode: usize) -> &'static str {
+    const NAMES: [&str; 53] = [
+        "UNKNOWN",
+        "LOOKUP",
+        "FORGET",
+        "GETATTR",
+        "SETATTR",
+        "READLINK",
+        "SYMLINK",
+        "UNKNOWN",
+        "MKNOD",
+        "MKDIR",
+        "UNLINK",
+        "RMDIR",
+        "RENAME",
+        "LINK",
+        "OPEN",
+        "READ",
+        "WRITE",
+        "STATFS",
+        "RELEASE",
+        "UNKNOWN",
+        "FSYNC",
+        "SETXATTR",
+        "GETXATTR",
+        "LISTXATTR",
+        "REMOVEXATTR",
+        "FLUSH",
+        "INIT",
+        "OPENDIR",
+        "READDIR",
+        "RELEASEDIR",
+        "FSYNCDIR",
+        "GETLK",
+        "SETLK",
+        "SETLKW",
+        "ACCESS",
+        "CREATE",
+        "INTERRUPT",
+        "BMAP",
+        "DESTROY",
+        "IOCTL",
+        "POLL",
+        "NOTIFY_REPLY",
+        "BATCH_FORGET",
+        "FALLOCATE",
+        "READDIRPLUS",
+        "RENAME2",
+        "LSEEK",
+        "COPY_FILE_RANGE",
+        "SETUPMAPPING",
+        "REMOVEMAPPING",
+        "SYNCFS",
+        "TMPFILE",
+        "STATX",
+    ];
+    NAMES.get(opcode).copied().unwrap_or("UNKNOWN")
+}
+
+/// Symbolic name of an errno ("ENOENT"), or "E<n>" for the rarer ones, "other" for slot 0.
+pub fn errno_name(errno: usize) -> String {
+    const NAMES: [(i32, &str); 44] = [
+        (libc::EPERM, "EPERM"),
+        (libc::ENOENT, "ENOENT"),
+        (libc::ESRCH, "ESRCH"),
+        (libc::EINTR, "EINTR"),
+        (libc::EIO, "EIO"),
+        (libc::ENXIO, "ENXIO"),
+        (libc::E2BIG, "E2BIG"),
+        (libc::EBADF, "EBADF"),
+        (libc::EAGAIN, "EAGAIN"),
+        (libc::ENOMEM, "ENOMEM"),
+        (libc::EACCES, "EACCES"),
+        (libc::EFAULT, "EFAULT"),
+        (libc::EBUSY, "EBUSY"),
+        (libc::EEXIST, "EEXIST"),
+        (libc::EXDEV, "EXDEV"),
+        (libc::ENODEV, "ENODEV"),
+        (libc::ENOTDIR, "ENOTDIR"),
+        (libc::EISDIR, "EISDIR"),
+        (libc::EINVAL, "EINVAL"),
+        (libc::ENFILE, "ENFILE"),
+        (libc::EMFILE, "EMFILE"),
+        (libc::ENOTTY, "ENOTTY"),
+        (libc::ETXTBSY, "ETXTBSY"),
+        (libc::EFBIG, "EFBIG"),
+        (libc::ENOSPC, "ENOSPC"),
+        (libc::ESPIPE, "ESPIPE"),
+        (libc::EROFS, "EROFS"),
+        (libc::EMLINK, "EMLINK"),
+        (libc::EPIPE, "EPIPE"),
+        (libc::ERANGE, "ERANGE"),
+        (libc::EDEADLK, "EDEADLK"),
+        (libc::ENAMETOOLONG, "ENAMETOOLONG"),
+        (libc::ENOLCK, "ENOLCK"),
+        (libc::ENOSYS, "ENOSYS"),
+        (libc::ENOTEMPTY, "ENOTEMPTY"),
+        (libc::ELOOP, "ELOOP"),
+        (libc::ENODATA, "ENODATA"),
+        (libc::EOVERFLOW, "EOVERFLOW"),
+        (libc::EOPNOTSUPP, "EOPNOTSUPP"),
+        (libc::ESHUTDOWN, "ESHUTDOWN"),
+        (libc::ETIMEDOUT, "ETIMEDOUT"),
+        (libc::ESTALE, "ESTALE"),
+        (libc::EDQUOT, "EDQUOT"),
+        (libc::ECANCELED, "ECANCELED"),
+    ];
+    if errno == 0 {
+        return "other".to_owned();
+    }
+    let found = i32::try_from(errno)
+        .ok()
+        .and_then(|e| NAMES.iter().find(|(n, _)| *n == e));
+    match found {
+        Some((_, name)) => (*name).to_owned(),
+        None => format!("E{errno}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(errno: i32, total: usize, extra: &[u8]) -> Vec<u8> {
+        let mut head = Vec::new();
+        head.extend_from_slice(&u32::try_from(total).unwrap_or(0).to_ne_bytes());
+        head.extend_from_slice(&errno.saturating_neg().to_ne_bytes());
+        head.extend_from_slice(&7u64.to_ne_bytes());
+        head.extend_from_slice(extra);
+        head
+    }
+
+    #[test]
+    fn reply_head_parsing() {
+        let ok_write = reply(0, 24, &[0x00, 0x10, 0, 0, 0, 0, 0, 0]);
+        let h = ReplyHead::parse(FUSE_WRITE, &ok_write, 24).unwrap_or_default();
+        assert_eq!(h.errno, 0);
+        assert_eq!(h.write_size, Some(4096));
+
+        let enoent = reply(libc::ENOENT, 16, &[]);
+        let h = ReplyHead::parse(1, &enoent, 16).unwrap_or_default();
+        assert_eq!(h.errno, libc::ENOENT);
+        assert_eq!(h.write_size, None);
+
+        let read = reply(0, 16 + 100, &[]);
+        let h = ReplyHead::parse(FUSE_READ, &read, 116).unwrap_or_default();
+        assert_eq!(h.payload, 100);
+
+        let mut negative = reply(0, 144, &0u64.to_ne_bytes());
+        assert!(ReplyHead::parse(FUSE_LOOKUP, &negative, 144).is_some_and(|h| h.negative_entry));
+        negative.truncate(20);
+        assert!(!ReplyHead::parse(FUSE_LOOKUP, &negative, 144).is_some_and(|h| h.negative_entry));
+        let positive = reply(0, 144, &5u64.to_ne_bytes());
+        assert!(!ReplyHead::parse(FUSE_LOOKUP, &positive, 144).is_some_and(|h| h.negative_entry));
+
+        // Too short for an out-header: nothing to say.
+        assert_eq!(ReplyHead::parse(1, &[0u8; 6], 6), None);
+        // A positive "error" (never valid) is not an errno.
+        let odd = reply(-5, 16, &[]);
+        assert_eq!(ReplyHead::parse(1, &odd, 16).map(|h| h.errno), Some(0));
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(opcode_name(35), "CREATE");
+        assert_eq!(opcode_name(16), "WRITE");
+        assert_eq!(opcode_name(52), "STATX");
+        assert_eq!(opcode_name(7), "UNKNOWN");
+        assert_eq!(opcode_name(4096), "UNKNOWN");
+        assert_eq!(errno_name(2), "ENOENT");
+        assert_eq!(errno_name(95), "EOPNOTSUPP");
+        assert_eq!(errno_name(133), "E133");
+        assert_eq!(errno_name(0), "other");
+    }
+}

@@ -1,0 +1,283 @@
+//! The import layering of `src/` (README, "Architecture"): every `crate::` path in the library's
+//! sources must point at a module the importing module may know. A new upward or circular
+//! import fails here with the file and line that makes it.
+//!
+//! Run alone: `cargo test --test layers`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// The layers, bottom to top: each module and the modules it may import. A module may only
+/// name modules of rows above its own (checked below), so the table cannot hold a circle.
+/// `server::wire` is a node of its own: the FUSE wire format the server, the filesystem and
+/// the metrics share.
+const LAYERS: &[(&str, &[&str])] = &[
+    // Leaves: know nothing of the rest of the daemon.
+    ("poll", &[]),
+    ("ceph", &[]),
+    ("logging", &[]),
+    ("sandbox", &[]),
+    ("server::wire", &[]),
+    // Counters take plain values; the wire format names their labels.
+    ("metrics", &["server::wire"]),
+    // The quarantine: its gate, watcher and operator command, on its own settings type.
+    ("quarantine", &["ceph", "metrics"]),
+    // The filesystem: FUSE semantics over CephFS.
+    ("fs", &["ceph", "metrics", "quarantine", "server::wire"]),
+    // FUSE dispatch and the vhost-user transport: generic over the filesystem, nothing of Ceph.
+    ("server", &["metrics", "server::wire"]),
+    ("vhost_user", &["metrics", "poll", "server", "server::wire"]),
+    // The command line (clap types) and the validated `Config` built from it.
+    ("args", &[]),
+    (
+        "config",
+        &[
+            "args",
+            "ceph",
+            "fs",
+            "logging",
+            "metrics",
+            "quarantine",
+            "sandbox",
+            "vhost_user",
+        ],
+    ),
+    // Process lifecycle; `main.rs` (the binary) sits on top of everything.
+    (
+        "daemon",
+        &[
+            "args",
+            "config",
+            "metrics",
+            "sandbox",
+            "server",
+            "server::wire",
+            "vhost_user",
+        ],
+    ),
+];
+
+fn src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+}
+
+/// The library's source files (not the binaries: `main.rs`, `bin/`).
+fn library_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        let rel = path.strip_prefix(src()).expect("under src");
+        if rel == Path::new("bin") || rel == Path::new("main.rs") {
+            continue;
+        }
+        if path.is_dir() {
+            library_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `src/a/b.rs` → `["a", "b"]`, `src/a/mod.rs` → `["a"]`, `src/lib.rs` → `[]`.
+fn module_of(file: &Path) -> Vec<String> {
+    let rel = file
+        .strip_prefix(src())
+        .expect("under src")
+        .with_extension("");
+    let mut segs: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if matches!(segs.last().map(String::as_str), Some("mod" | "lib")) {
+        segs.pop();
+    }
+    segs
+}
+
+/// The table node a module path belongs to: the longest row that is a prefix of it. `None`
+/// for the crate root's own items (`crate::report`, `crate::Exit`).
+fn node_of(path: &[String]) -> Option<&'static str> {
+    LAYERS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| {
+            let segs: Vec<&str> = n.split("::").collect();
+            segs.len() <= path.len() && segs.iter().zip(path).all(|(a, b)| *a == b)
+        })
+        .max_by_key(|n| n.len())
+}
+
+/// The modules `lib.rs` declares.
+fn declared_modules() -> BTreeSet<String> {
+    let lib = std::fs::read_to_string(src().join("lib.rs")).expect("read lib.rs");
+    lib.lines()
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("pub mod ")
+                .or_else(|| l.trim().strip_prefix("mod "))
+        })
+        .map(|l| l.trim_end_matches(';').trim().to_owned())
+        .collect()
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// Every path a line names after `crate::`, grouped imports (`crate::{a::X, b}`) expanded to
+/// their first segments.
+fn crate_paths(line: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + "crate::".len()..];
+        if before.is_some_and(|c| is_ident(c) || c == ':' || c == '$') {
+            continue; // `other_crate::`, `$crate::` or a longer path: not ours.
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0usize;
+            let mut item = String::new();
+            for c in group.chars() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(split_path(&item));
+                        item.clear();
+                        continue;
+                    }
+                    _ => {}
+                }
+                item.push(c);
+            }
+            out.push(split_path(&item));
+        } else {
+            out.push(split_path(rest));
+        }
+    }
+    out.retain(|p| !p.is_empty());
+    out
+}
+
+fn split_path(s: &str) -> Vec<String> {
+    let s = s.trim_start();
+    let end = s
+        .char_indices()
+        .find(|(_, c)| !(is_ident(*c) || *c == ':'))
+        .map_or(s.len(), |(i, _)| i);
+    s[..end]
+        .split("::")
+        .filter(|seg| !seg.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The code of a line: `//` comments (doc comments included) removed.
+fn code(line: &str) -> &str {
+    match line.find("//") {
+        Some(i) => &line[..i],
+        None => line,
+    }
+}
+
+#[test]
+fn the_layer_table_points_only_down() {
+    for (i, (node, deps)) in LAYERS.iter().enumerate() {
+        for dep in *deps {
+            let below = LAYERS[..i].iter().any(|(n, _)| n == dep);
+            assert!(
+                below,
+                "layer table: {node} may import {dep}, which is not a row below it"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_module_is_placed_in_the_table() {
+    let missing: Vec<String> = declared_modules()
+        .into_iter()
+        .filter(|m| !LAYERS.iter().any(|(n, _)| n == m))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "modules missing from the layer table in tests/layers.rs: {missing:?}"
+    );
+}
+
+#[test]
+fn no_import_points_up_or_sideways() {
+    let modules = declared_modules();
+    let mut files = Vec::new();
+    library_files(&src(), &mut files);
+    let mut offences = Vec::new();
+    for file in &files {
+        let module = module_of(file);
+        let Some(from) = node_of(&module) else {
+            continue; // lib.rs: declares the modules, imports none.
+        };
+        let allowed = LAYERS
+            .iter()
+            .find(|(n, _)| *n == from)
+            .map(|(_, d)| *d)
+            .unwrap_or(&[]);
+        let text = std::fs::read_to_string(file).expect("read source");
+        for (i, line) in text.lines().enumerate() {
+            for path in crate_paths(code(line)) {
+                let to = match node_of(&path) {
+                    Some(to) => to,
+                    None if modules.contains(&path[0]) => "<not in the table>",
+                    None => continue, // an item of the crate root (`crate::report`)
+                };
+                if to == from || allowed.contains(&to) {
+                    continue;
+                }
+                offences.push(format!(
+                    "{}:{}: {from} imports {to} (`crate::{}`): {}",
+                    file.strip_prefix(src().parent().expect("repo"))
+                        .expect("in repo")
+                        .display(),
+                    i + 1,
+                    path.join("::"),
+                    line.trim()
+                ));
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "{} import(s) against the layering (README, \"Architecture\"; table in tests/layers.rs):\n{}",
+        offences.len(),
+        offences.join("\n")
+    );
+}
+
+#[test]
+fn the_scanner_sees_grouped_and_nested_paths() {
+    let paths = crate_paths(code(
+        "use crate::{fs::CephFs, server::wire::{ReplyHead, X}}; // crate::poll",
+    ));
+    assert_eq!(
+        paths,
+        vec![
+            vec!["fs".to_owned(), "CephFs".to_owned()],
+            vec!["server".to_owned(), "wire".to_owned()],
+        ]
+    );
+    assert_eq!(
+        node_of(&["server".into(), "wire".into(), "ReplyHead".into()]),
+        Some("server::wire")
+    );
+    assert_eq!(
+        node_of(&["server".into(), "FuseServer".into()]),
+        Some("server")
+    );
+    assert_eq!(node_of(&["report".into()]), None);
+    assert!(crate_paths(code("//! see `crate::fs`")).is_empty());
+    assert!(crate_paths("$crate::fs::X; other_crate::fs::Y").is_empty());
+}
