@@ -7,7 +7,7 @@
 
 #![allow(clippy::field_reassign_with_default)]
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut};
 use std::path::PathBuf;
 
@@ -882,12 +882,4 @@ fn fallocate_punch_hole_and_lseek_data_hole() {
     assert_eq!(errno(file.lseek(65536, libc::SEEK_DATA)), libc::ENXIO);
     assert_eq!(errno(file.lseek(70000, libc::SEEK_HOLE)), libc::ENXIO);
     assert_eq!(errno(file.lseek(-5, libc::SEEK_SET)), libc::EINVAL);
-}
-
-#[test]
-fn name_helpers_take_cstr() {
-    // Compile-time check of the &CStr-based signatures used by the FUSE layer.
-    fn _sig(m: &Mount, i: &Inode, n: &CStr, p: &UserPerm) -> Result<(Inode, Statx)> {
-        m.lookup(i, n, ALL, AT_SYMLINK_NOFOLLOW, p)
-    }
 }
