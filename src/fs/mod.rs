@@ -349,6 +349,50 @@ fn setattr_request(
     Ok((st, mask))
 }
 
+/// What a SETATTR must clear or restore around the setattr (`CephFs::setattr_kill`).
+#[derive(Debug, Default, Clone, Copy)]
+struct SetattrKill {
+    /// Added to the setattr's mask (`CEPH_SETATTR_KILL_SGUID`).
+    mask: u32,
+    /// Special bits to put right afterwards: (mode read before, mode wanted).
+    special_after: Option<(u32, u32)>,
+    /// Drop security.capability afterwards.
+    remove_caps: bool,
+}
+
+/// Whether a SETATTR is a chmod setting setgid, alone (but for ctime), by someone other than
+/// root: if the caller owns the file, it is done as root (see `CephFs::setattr`).
+fn chmod_sets_sgid(st: &Statx, mask: u32, uid: u32) -> bool {
+    mask & CEPH_SETATTR_MODE != 0
+        && u32::from(st.stx_mode) & libc::S_ISGID != 0
+        && uid != 0
+        && mask & !(CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME) == 0
+}
+
+/// ftruncate(2) needs only a descriptor open for writing, not write permission on the
+/// file now (think of a file created with mode 0): libcephfs checks the mode, so a size
+/// change through a writable handle of ours runs with root credentials. Root could set
+/// any time: the times are what ftruncate(2) sets, now (explicit times need the owner,
+/// and a guest could otherwise date files it does not own as it likes). `None`: the request
+/// is more than a size change (and its times), and runs with the caller's credentials.
+fn ftruncate_request(st: &Statx, mask: u32, now: ceph_client::Timespec) -> Option<(Statx, u32)> {
+    let size_and_times = CEPH_SETATTR_SIZE
+        | CEPH_SETATTR_MTIME
+        | CEPH_SETATTR_MTIME_NOW
+        | CEPH_SETATTR_CTIME
+        | CEPH_SETATTR_KILL_SGUID;
+    if mask & CEPH_SETATTR_SIZE == 0 || mask & !size_and_times != 0 {
+        return None;
+    }
+    let (mut st, mut mask) = (*st, mask);
+    if mask & CEPH_SETATTR_MTIME != 0 {
+        mask |= CEPH_SETATTR_MTIME_NOW;
+        st.stx_mtime = now;
+    }
+    mask &= !CEPH_SETATTR_CTIME;
+    Some((st, mask))
+}
+
 fn vino_of(st: &Statx) -> Vino {
     Vino {
         ino: st.stx_ino,
@@ -1252,6 +1296,83 @@ impl CephFs {
         }
     }
 
+    /// Mode bits a chown or truncate must clear, or keep. SB_NOSEC contract: clear
+    /// setuid/setgid in the same setattr when the guest flagged it (and did not set the mode
+    /// explicitly), and drop security.capability on size or owner changes. And whatever the
+    /// guest negotiated: the MDS clears setgid on every chown, also without group-execute,
+    /// where Linux keeps it (it marks mandatory locking there, no privilege), so a chown of
+    /// a file with special bits names the mode it must end with.
+    /// The bits go with CEPH_SETATTR_KILL_SGUID in the same setattr: the MDS clears them
+    /// from the mode the inode has then, so a concurrent chmod is never undone by a mode we
+    /// read before. Where the MDS's rule and Linux's differ (it keeps setuid without any
+    /// execute bit, clears setgid without group-execute, and libcephfs clears both on every
+    /// size or owner change by anyone but root), the special bits are put right afterwards
+    /// (`special_after`), only if the permission bits are still those read before.
+    fn setattr_kill(
+        &self,
+        node: &Node,
+        mask: u32,
+        valid: SetattrValid,
+        perm: &ceph_client::UserPerm,
+    ) -> io::Result<SetattrKill> {
+        let mut out = SetattrKill::default();
+        let owner_change = mask & (CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
+        let size_change = mask & CEPH_SETATTR_SIZE != 0;
+        let size_or_owner = owner_change || size_change;
+        let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
+        let killpriv = self.killpriv_on() && (size_or_owner || flagged);
+        if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || size_or_owner) {
+            let cur = u32::from(
+                self.mount
+                    .getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?
+                    .stx_mode,
+            );
+            let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
+                Trigger::Truncate
+            } else {
+                Trigger::Chown
+            };
+            let kill = if killpriv {
+                let has_caps = size_or_owner && self.has_caps(node, perm);
+                killpriv::decide(trigger, cur, false, flagged, has_caps)
+            } else {
+                Kill::default()
+            };
+            if kill.new_mode.is_some() {
+                out.mask |= CEPH_SETATTR_KILL_SGUID;
+            }
+            if cur & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                out.special_after = Some((cur, kill.new_mode.unwrap_or(cur)));
+            }
+            out.remove_caps = kill.remove_caps;
+        }
+        Ok(out)
+    }
+
+    /// What a SETATTR does after the setattr itself.
+    fn after_setattr(&self, node: &Node, mask: u32, kill: SetattrKill) -> io::Result<()> {
+        // libcephfs keeps explicit times of a directory as dirty caps and sends them to the
+        // MDS later, over the times the MDS gave the directory for the entries created or
+        // removed in it meanwhile (`touch -d 2001-01-01 D; mkdir D/x` left D at 2001): flush
+        // them now. One MDS round trip, for explicit directory times only.
+        if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
+            self.mount.sync_inode(&node.inode, false)?;
+        }
+        if let Some((before, want)) = kill.special_after {
+            self.put_special_bits(node, before, want)?;
+        }
+        if kill.remove_caps {
+            self.apply_kill(
+                node,
+                Kill {
+                    new_mode: None,
+                    remove_caps: kill.remove_caps,
+                },
+            )?;
+        }
+        Ok(())
+    }
+
     fn read_dir(
         &self,
         req: DirRead,
@@ -1575,59 +1696,13 @@ impl FileSystem for CephFs {
         let mut perm = self.perm(ctx);
         let now = ceph_client::Timespec::now();
         let (mut st, mut mask) = setattr_request(&attr, valid, now)?;
-
-        // Mode bits a chown or truncate must clear, or keep. SB_NOSEC contract: clear
-        // setuid/setgid in the same setattr when the guest flagged it (and did not set the mode
-        // explicitly), and drop security.capability on size or owner changes. And whatever the
-        // guest negotiated: the MDS clears setgid on every chown, also without group-execute,
-        // where Linux keeps it (it marks mandatory locking there, no privilege), so a chown of
-        // a file with special bits names the mode it must end with.
-        // The bits go with CEPH_SETATTR_KILL_SGUID in the same setattr: the MDS clears them
-        // from the mode the inode has then, so a concurrent chmod is never undone by a mode we
-        // read before. Where the MDS's rule and Linux's differ (it keeps setuid without any
-        // execute bit, clears setgid without group-execute, and libcephfs clears both on every
-        // size or owner change by anyone but root), the special bits are put right afterwards
-        // (`special_after`), only if the permission bits are still those read before.
-        let mut remove_caps = false;
-        let mut special_after = None;
-        let owner_change = mask & (CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
-        let size_change = mask & CEPH_SETATTR_SIZE != 0;
-        let size_or_owner = owner_change || size_change;
-        let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
-        let killpriv = self.killpriv_on() && (size_or_owner || flagged);
-        if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || size_or_owner) {
-            let cur = u32::from(
-                self.mount
-                    .getattr(&node.inode, CEPH_STATX_MODE, 0, &perm)?
-                    .stx_mode,
-            );
-            let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
-                Trigger::Truncate
-            } else {
-                Trigger::Chown
-            };
-            let kill = if killpriv {
-                let has_caps = size_or_owner && self.has_caps(&node, &perm);
-                killpriv::decide(trigger, cur, false, flagged, has_caps)
-            } else {
-                Kill::default()
-            };
-            if kill.new_mode.is_some() {
-                mask |= CEPH_SETATTR_KILL_SGUID;
-            }
-            if cur & (libc::S_ISUID | libc::S_ISGID) != 0 {
-                special_after = Some((cur, kill.new_mode.unwrap_or(cur)));
-            }
-            remove_caps = kill.remove_caps;
-        }
+        let kill = self.setattr_kill(&node, mask, valid, &perm)?;
+        mask |= kill.mask;
         // chmod g+s by an owner who belongs to the file's group only through a supplementary
         // group: libcephfs, which knows the primary gid only, drops the bit silently. The
         // guest kernel already cleared it where the caller is no member of the group
         // (`default_permissions`), so the owner's mode is set as root.
-        if mask & CEPH_SETATTR_MODE != 0
-            && u32::from(st.stx_mode) & libc::S_ISGID != 0
-            && ctx.uid != 0
-            && mask & !(CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME) == 0
+        if chmod_sets_sgid(&st, mask, ctx.uid)
             && self
                 .mount
                 .getattr(&node.inode, CEPH_STATX_UID, 0, &perm)?
@@ -1636,24 +1711,12 @@ impl FileSystem for CephFs {
         {
             perm = self.perms.get(0, 0);
         }
-
-        // ftruncate(2) needs only a descriptor open for writing, not write permission on the
-        // file now (think of a file created with mode 0): libcephfs checks the mode, so a size
-        // change through a writable handle of ours runs with root credentials. Root could set
-        // any time: the times are what ftruncate(2) sets, now (explicit times need the owner,
-        // and a guest could otherwise date files it does not own as it likes).
-        let size_and_times = CEPH_SETATTR_SIZE
-            | CEPH_SETATTR_MTIME
-            | CEPH_SETATTR_MTIME_NOW
-            | CEPH_SETATTR_CTIME
-            | CEPH_SETATTR_KILL_SGUID;
-        if through_writable_handle && mask & CEPH_SETATTR_SIZE != 0 && mask & !size_and_times == 0 {
-            perm = self.perms.get(0, 0);
-            if mask & CEPH_SETATTR_MTIME != 0 {
-                mask |= CEPH_SETATTR_MTIME_NOW;
-                st.stx_mtime = now;
+        // ftruncate(2) needs only a descriptor open for writing (`ftruncate_request`).
+        if through_writable_handle {
+            if let Some((s, m)) = ftruncate_request(&st, mask, now) {
+                perm = self.perms.get(0, 0);
+                (st, mask) = (s, m);
             }
-            mask &= !CEPH_SETATTR_CTIME;
         }
         if mask != 0 {
             match self.mount.setattr(&node.inode, &st, mask, &perm) {
@@ -1670,25 +1733,7 @@ impl FileSystem for CephFs {
                 Err(e) => return Err(e.into()),
             }
         }
-        // libcephfs keeps explicit times of a directory as dirty caps and sends them to the
-        // MDS later, over the times the MDS gave the directory for the entries created or
-        // removed in it meanwhile (`touch -d 2001-01-01 D; mkdir D/x` left D at 2001): flush
-        // them now. One MDS round trip, for explicit directory times only.
-        if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
-            self.mount.sync_inode(&node.inode, false)?;
-        }
-        if let Some((before, want)) = special_after {
-            self.put_special_bits(&node, before, want)?;
-        }
-        if remove_caps {
-            self.apply_kill(
-                &node,
-                Kill {
-                    new_mode: None,
-                    remove_caps,
-                },
-            )?;
-        }
+        self.after_setattr(&node, mask, kill)?;
         let out = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
         Ok((to_stat(&out), self.policy.ttl(self.class(&node)).attr))
     }
@@ -2760,6 +2805,121 @@ mod tests {
             CEPH_SETATTR_MODE | CEPH_SETATTR_UID | CEPH_SETATTR_CTIME
         );
         assert_eq!(st.stx_ctime, NOW);
+    }
+
+    /// Each SETATTR valid bit alone: the field it sets and the mask it asks for.
+    #[test]
+    fn each_setattr_bit_sets_its_field() {
+        let mut a = attr();
+        a.st_mode = libc::S_IFREG | 0o4755;
+        a.st_uid = 1001;
+        a.st_gid = 1002;
+        a.st_atime = 111;
+        a.st_atime_nsec = 1;
+        a.st_ctime = 333;
+        a.st_ctime_nsec = 3;
+        let req = |v| setattr_request(&a, v, NOW).unwrap();
+        let ts = |tv_sec, tv_nsec| ceph_client::Timespec { tv_sec, tv_nsec };
+
+        // MODE: permission and special bits only (never the type); ctime now.
+        let (st, mask) = req(SetattrValid::MODE);
+        assert_eq!(mask, CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME);
+        assert_eq!((st.stx_mode, st.stx_ctime), (0o4755, NOW));
+        // UID, GID: the owner; ctime now.
+        let (st, mask) = req(SetattrValid::UID);
+        assert_eq!(mask, CEPH_SETATTR_UID | CEPH_SETATTR_CTIME);
+        assert_eq!((st.stx_uid, st.stx_ctime), (1001, NOW));
+        let (st, mask) = req(SetattrValid::GID);
+        assert_eq!(mask, CEPH_SETATTR_GID | CEPH_SETATTR_CTIME);
+        assert_eq!((st.stx_gid, st.stx_ctime), (1002, NOW));
+        // SIZE: the size, and mtime now (see a_size_change_alone_sets_mtime_to_now).
+        let (st, mask) = req(SetattrValid::SIZE);
+        assert_eq!(
+            mask,
+            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW
+        );
+        assert_eq!((st.stx_size, st.stx_mtime), (4123, NOW));
+        // ATIME, MTIME: explicit times, no NOW bit, no ctime (libcephfs sets it).
+        let (st, mask) = req(SetattrValid::ATIME);
+        assert_eq!((mask, st.stx_atime), (CEPH_SETATTR_ATIME, ts(111, 1)));
+        let (st, mask) = req(SetattrValid::MTIME);
+        assert_eq!(
+            (mask, st.stx_mtime),
+            (CEPH_SETATTR_MTIME, ts(978_307_200, 5))
+        );
+        // ATIME_NOW, MTIME_NOW: now, with the NOW bit (also without ATIME/MTIME).
+        let (st, mask) = req(SetattrValid::ATIME_NOW);
+        assert_eq!(
+            (mask, st.stx_atime),
+            (CEPH_SETATTR_ATIME | CEPH_SETATTR_ATIME_NOW, NOW)
+        );
+        let (st, mask) = req(SetattrValid::MTIME_NOW);
+        assert_eq!(
+            (mask, st.stx_mtime),
+            (CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW, NOW)
+        );
+        // CTIME: the explicit ctime, kept (no now).
+        let (st, mask) = req(SetattrValid::CTIME);
+        assert_eq!((mask, st.stx_ctime), (CEPH_SETATTR_CTIME, ts(333, 3)));
+        // An explicit ctime wins over the "ctime now" of a mode change.
+        let (st, mask) = req(SetattrValid::MODE | SetattrValid::CTIME);
+        assert_eq!(mask, CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME);
+        assert_eq!(st.stx_ctime, ts(333, 3));
+        // KILL_SUIDGID sets no field of its own: the setuid/setgid clearing it asks for is
+        // decided against the inode's mode (`CephFs::setattr_kill`).
+        assert_eq!(req(SetattrValid::KILL_SUIDGID).1, 0);
+        assert_eq!(req(SetattrValid::empty()).1, 0);
+    }
+
+    #[test]
+    fn ftruncate_through_a_handle_sets_size_and_times_to_now_only() {
+        let (st, mask) = setattr_request(&attr(), SetattrValid::SIZE, NOW).unwrap();
+        // ftruncate(2): size, mtime now; ctime is libcephfs's to set (root may not choose it).
+        let (ft, fmask) = ftruncate_request(&st, mask | CEPH_SETATTR_CTIME, NOW).unwrap();
+        assert_eq!(
+            fmask,
+            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW
+        );
+        assert_eq!((ft.stx_size, ft.stx_mtime), (4123, NOW));
+        // An explicit mtime with the size becomes now: root could set any.
+        let v = SetattrValid::SIZE | SetattrValid::MTIME;
+        let (st, mask) = setattr_request(&attr(), v, NOW).unwrap();
+        let (ft, fmask) = ftruncate_request(&st, mask, NOW).unwrap();
+        assert_eq!(
+            (fmask, ft.stx_mtime),
+            (
+                CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW,
+                NOW
+            )
+        );
+        // The kill bit stays.
+        let (_, fmask) = ftruncate_request(&st, mask | CEPH_SETATTR_KILL_SGUID, NOW).unwrap();
+        assert_ne!(fmask & CEPH_SETATTR_KILL_SGUID, 0);
+        // Anything more than a size change (and its times), or no size: the caller's rights.
+        for v in [
+            SetattrValid::SIZE | SetattrValid::MODE,
+            SetattrValid::SIZE | SetattrValid::UID,
+            SetattrValid::SIZE | SetattrValid::ATIME,
+            SetattrValid::MTIME,
+        ] {
+            let (st, mask) = setattr_request(&attr(), v, NOW).unwrap();
+            assert!(ftruncate_request(&st, mask, NOW).is_none(), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_plain_chmod_g_plus_s_by_a_non_root_caller_goes_as_root() {
+        let mut a = attr();
+        a.st_mode = libc::S_IFREG | 0o2755;
+        let (st, mask) = setattr_request(&a, SetattrValid::MODE, NOW).unwrap();
+        assert!(chmod_sets_sgid(&st, mask, 1000));
+        assert!(!chmod_sets_sgid(&st, mask, 0), "root needs no help");
+        let (st2, mask2) =
+            setattr_request(&a, SetattrValid::MODE | SetattrValid::UID, NOW).unwrap();
+        assert!(!chmod_sets_sgid(&st2, mask2, 1000), "not a plain chmod");
+        a.st_mode = libc::S_IFREG | 0o4755;
+        let (st, mask) = setattr_request(&a, SetattrValid::MODE, NOW).unwrap();
+        assert!(!chmod_sets_sgid(&st, mask, 1000), "no setgid");
     }
 
     #[test]
