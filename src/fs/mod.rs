@@ -4,7 +4,9 @@
 //! `FileSystem` trait (plus [`crate::server::ExtraOps`] for the opcodes fuse-backend-rs does not
 //! dispatch) over the `ceph-client` crate. Node ids and handles are ours ([`nodes`],
 //! [`handles`]); credentials come from the request ([`perms`]); how long the guest may cache what
-//! we return is [`policy`]'s decision; the SB_NOSEC contract is [`killpriv`]'s.
+//! we return is [`policy`]'s decision; the SB_NOSEC contract is [`killpriv`]'s. The
+//! `FileSystem` impl below is the table of operations; directory streams (`dir`), locks
+//! (`locks`) and data I/O (`data`) live in rooms of their own.
 //!
 //! Everything here treats the guest as untrusted: every node id and handle is looked up (unknown
 //! → EBADF/ENOENT-class errno, never a dereference), names are checked before they reach
