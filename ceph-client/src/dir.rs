@@ -65,6 +65,10 @@ impl Dir {
         flags: u32,
         with_inode: bool,
     ) -> Result<Option<DirEntryPlus>> {
+        if self.mount.is_shut_down() {
+            // ceph_unmount released the stream.
+            return Err(CephError::new("ceph_readdirplus_r", libc::ENOTCONN));
+        }
         // SAFETY: dirent is plain old data; all-zero is a valid value.
         let mut de: libc::dirent = unsafe { std::mem::zeroed() };
         let mut stx = Statx::default();
@@ -74,7 +78,8 @@ impl Dir {
         } else {
             std::ptr::null_mut()
         };
-        // SAFETY: the stream and mount are live; `de`, `stx` and `outp` (null or pointing to
+        // SAFETY: the mount is live and not shut down (checked above), so the stream is
+        // open; `de`, `stx` and `outp` (null or pointing to
         // `out`) are valid out buffers for the call; `&mut self` excludes concurrent use.
         let ret = unsafe {
             sys::ceph_readdirplus_r(
@@ -112,22 +117,34 @@ impl Dir {
         }))
     }
 
-    /// `ceph_telldir`: the current stream position.
+    /// `ceph_telldir`: the current stream position (0 after [`Mount::shutdown`]).
     pub fn telldir(&self) -> i64 {
-        // SAFETY: the stream and mount are live.
+        if self.mount.is_shut_down() {
+            return 0;
+        }
+        // SAFETY: the mount is live and not shut down, so the stream is open.
         unsafe { sys::ceph_telldir(self.mount.raw(), self.dirp.as_ptr()) }
     }
 
     /// `ceph_seekdir`: continue from a position previously returned by `telldir` (or an
-    /// entry's `offset`). 0 is the start.
+    /// entry's `offset`). 0 is the start. Does nothing after [`Mount::shutdown`] (the next
+    /// read fails with ENOTCONN).
     pub fn seekdir(&mut self, offset: i64) {
-        // SAFETY: the stream and mount are live; exclusive access via `&mut self`.
+        if self.mount.is_shut_down() {
+            return;
+        }
+        // SAFETY: the mount is live and not shut down, so the stream is open; exclusive
+        // access via `&mut self`.
         unsafe { sys::ceph_seekdir(self.mount.raw(), self.dirp.as_ptr(), offset) }
     }
 
-    /// `ceph_rewinddir`: back to the start.
+    /// `ceph_rewinddir`: back to the start (nothing after [`Mount::shutdown`], as `seekdir`).
     pub fn rewinddir(&mut self) {
-        // SAFETY: the stream and mount are live; exclusive access via `&mut self`.
+        if self.mount.is_shut_down() {
+            return;
+        }
+        // SAFETY: the mount is live and not shut down, so the stream is open; exclusive
+        // access via `&mut self`.
         unsafe { sys::ceph_rewinddir(self.mount.raw(), self.dirp.as_ptr()) }
     }
 }

@@ -46,21 +46,28 @@ impl File {
         })
     }
 
-    fn raw(&self) -> *mut sys::Fh {
+    /// The `Fh*` to pass to a call, ENOTCONN once the mount was shut down (`ceph_unmount`
+    /// closed and freed it). One atomic load.
+    fn live(&self, op: &'static str) -> Result<*mut sys::Fh> {
+        if self.mount.is_shut_down() {
+            return Err(CephError::new(op, libc::ENOTCONN));
+        }
         // `fh` is only None inside close()/drop(), after which self is gone.
-        self.fh.map_or(std::ptr::null_mut(), NonNull::as_ptr)
+        Ok(self.as_ptr())
     }
 
     /// The raw `Fh*` (for identity comparisons).
     pub fn as_ptr(&self) -> *mut sys::Fh {
-        self.raw()
+        self.fh.map_or(std::ptr::null_mut(), NonNull::as_ptr)
     }
 
-    /// `ceph_ll_close`, reporting its error (the handle is gone either way).
+    /// `ceph_ll_close`, reporting its error (the handle is gone either way). After
+    /// [`Mount::shutdown`] there is nothing left to close: Ok.
     pub fn close(mut self) -> Result<()> {
         match self.fh.take() {
+            Some(_) if self.mount.is_shut_down() => Ok(()),
             // SAFETY: we own the Fh and close it exactly once (the field is now None, so Drop
-            // will not close it again); the mount is live.
+            // will not close it again); the mount is live and not shut down (checked above).
             Some(fh) => check("ceph_ll_close", unsafe {
                 sys::ceph_ll_close(self.mount.raw(), fh.as_ptr())
             })
@@ -72,13 +79,15 @@ impl File {
     /// `ceph_ll_read` at `off` into `buf` (at most `i32::MAX` bytes); returns the bytes read
     /// (0 at or past end of file).
     pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
+        let fh = self.live("ceph_ll_read")?;
         let off = to_i64("ceph_ll_read", off)?;
         let len = buf.len().min(MAX_IO);
-        // SAFETY: `buf` is writable for `len` bytes; the Fh and mount are live.
+        // SAFETY: `buf` is writable for `len` bytes; the mount is live and `fh` open on it
+        // (`live`).
         let ret = unsafe {
             sys::ceph_ll_read(
                 self.mount.raw(),
-                self.raw(),
+                fh,
                 off,
                 len as u64,
                 buf.as_mut_ptr().cast(),
@@ -90,17 +99,13 @@ impl File {
 
     /// `ceph_ll_write` of `buf` (at most `i32::MAX` bytes) at `off`; returns the bytes written.
     pub fn write(&self, off: u64, buf: &[u8]) -> Result<usize> {
+        let fh = self.live("ceph_ll_write")?;
         let off = to_i64("ceph_ll_write", off)?;
         let len = buf.len().min(MAX_IO);
-        // SAFETY: `buf` is readable for `len` bytes; the Fh and mount are live.
+        // SAFETY: `buf` is readable for `len` bytes; the mount is live and `fh` open on it
+        // (`live`).
         let ret = unsafe {
-            sys::ceph_ll_write(
-                self.mount.raw(),
-                self.raw(),
-                off,
-                len as u64,
-                buf.as_ptr().cast(),
-            )
+            sys::ceph_ll_write(self.mount.raw(), fh, off, len as u64, buf.as_ptr().cast())
         };
         let n = check("ceph_ll_write", ret)?;
         Ok(usize::try_from(n).unwrap_or(0))
@@ -115,6 +120,7 @@ impl File {
     /// that only makes the data racy for the guest, not unsound for us, as long as the
     /// mapping stays in place for the call).
     pub unsafe fn readv_raw(&self, iov: *const libc::iovec, cnt: usize, off: i64) -> Result<usize> {
+        let fh = self.live("ceph_ll_readv")?;
         let cnt = libc::c_int::try_from(cnt)
             .map_err(|_| CephError::new("ceph_ll_readv", libc::EINVAL))?;
         if off < 0 {
@@ -122,7 +128,7 @@ impl File {
         }
         // SAFETY: the caller guarantees the iovec array and the memory it describes; the Fh
         // and mount are live.
-        let ret = unsafe { sys::ceph_ll_readv(self.mount.raw(), self.raw(), iov, cnt, off) };
+        let ret = unsafe { sys::ceph_ll_readv(self.mount.raw(), fh, iov, cnt, off) };
         let n = check("ceph_ll_readv", ret)?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
@@ -138,6 +144,7 @@ impl File {
         cnt: usize,
         off: i64,
     ) -> Result<usize> {
+        let fh = self.live("ceph_ll_writev")?;
         let cnt = libc::c_int::try_from(cnt)
             .map_err(|_| CephError::new("ceph_ll_writev", libc::EINVAL))?;
         if off < 0 {
@@ -145,7 +152,7 @@ impl File {
         }
         // SAFETY: the caller guarantees the iovec array and the memory it describes; the Fh
         // and mount are live.
-        let ret = unsafe { sys::ceph_ll_writev(self.mount.raw(), self.raw(), iov, cnt, off) };
+        let ret = unsafe { sys::ceph_ll_writev(self.mount.raw(), fh, iov, cnt, off) };
         let n = check("ceph_ll_writev", ret)?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
@@ -168,18 +175,20 @@ impl File {
 
     /// `ceph_ll_fsync` (`datasync`: data only, like fdatasync).
     pub fn fsync(&self, datasync: bool) -> Result<()> {
-        // SAFETY: the Fh and mount are live.
-        let ret = unsafe { sys::ceph_ll_fsync(self.mount.raw(), self.raw(), i32::from(datasync)) };
+        let fh = self.live("ceph_ll_fsync")?;
+        // SAFETY: the mount is live and `fh` open on it (`live`).
+        let ret = unsafe { sys::ceph_ll_fsync(self.mount.raw(), fh, i32::from(datasync)) };
         check("ceph_ll_fsync", ret).map(drop)
     }
 
     /// `ceph_ll_fallocate`. Pacific supports `FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE`
     /// (punching a hole) and plain allocation within the file size; other modes: EOPNOTSUPP.
     pub fn fallocate(&self, mode: i32, off: u64, len: u64) -> Result<()> {
+        let fh = self.live("ceph_ll_fallocate")?;
         let off = to_i64("ceph_ll_fallocate", off)?;
         let len = to_i64("ceph_ll_fallocate", len)?;
-        // SAFETY: the Fh and mount are live.
-        let ret = unsafe { sys::ceph_ll_fallocate(self.mount.raw(), self.raw(), mode, off, len) };
+        // SAFETY: the mount is live and `fh` open on it (`live`).
+        let ret = unsafe { sys::ceph_ll_fallocate(self.mount.raw(), fh, mode, off, len) };
         check("ceph_ll_fallocate", ret).map(drop)
     }
 
@@ -188,8 +197,9 @@ impl File {
     /// SEEK_DATA (`off` if `off < size`, else ENXIO) and SEEK_HOLE (`size` if `off < size`,
     /// else ENXIO). The size is fetched from the MDS for END/DATA/HOLE.
     pub fn lseek(&self, off: i64, whence: i32) -> Result<u64> {
-        // SAFETY: the Fh and mount are live.
-        let ret = unsafe { sys::ceph_ll_lseek(self.mount.raw(), self.raw(), off, whence) };
+        let fh = self.live("ceph_ll_lseek")?;
+        // SAFETY: the mount is live and `fh` open on it (`live`).
+        let ret = unsafe { sys::ceph_ll_lseek(self.mount.raw(), fh, off, whence) };
         let pos = check("ceph_ll_lseek", ret)?;
         Ok(pos.unsigned_abs())
     }
@@ -197,25 +207,21 @@ impl File {
     /// `ceph_ll_getlk`: test for a conflicting POSIX lock; on return `fl` describes the
     /// conflicting lock, or has `l_type = F_UNLCK`.
     pub fn getlk(&self, fl: &mut libc::flock, owner: u64) -> Result<()> {
-        // SAFETY: `fl` is a valid, exclusive flock; the Fh and mount are live.
-        let ret = unsafe { sys::ceph_ll_getlk(self.mount.raw(), self.raw(), fl, owner) };
+        let fh = self.live("ceph_ll_getlk")?;
+        // SAFETY: `fl` is a valid, exclusive flock; the mount is live and `fh` open on it (`live`).
+        let ret = unsafe { sys::ceph_ll_getlk(self.mount.raw(), fh, fl, owner) };
         check("ceph_ll_getlk", ret).map(drop)
     }
 
     /// `ceph_ll_setlk`: acquire/release a POSIX (fcntl) byte-range lock for `owner`.
     /// `sleep`: wait for a conflicting lock (F_SETLKW); otherwise EAGAIN on conflict.
     pub fn setlk(&self, fl: &libc::flock, owner: u64, sleep: bool) -> Result<()> {
+        let fh = self.live("ceph_ll_setlk")?;
         let mut copy = *fl;
-        // SAFETY: `copy` is a valid flock owned by this frame; the Fh and mount are live.
-        let ret = unsafe {
-            sys::ceph_ll_setlk(
-                self.mount.raw(),
-                self.raw(),
-                &mut copy,
-                owner,
-                i32::from(sleep),
-            )
-        };
+        // SAFETY: `copy` is a valid flock owned by this frame; the mount is live and `fh` open on
+        // it (`live`).
+        let ret =
+            unsafe { sys::ceph_ll_setlk(self.mount.raw(), fh, &mut copy, owner, i32::from(sleep)) };
         check("ceph_ll_setlk", ret).map(drop)
     }
 

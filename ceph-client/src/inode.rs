@@ -44,6 +44,19 @@ impl Inode {
         self.ptr.as_ptr()
     }
 
+    /// The pointer to pass to a call on `mount`: EXDEV if this inode belongs to another mount
+    /// (libcephfs would take it for one of its own), ENOTCONN once its mount was shut down
+    /// (`ceph_unmount` freed it). A pointer compare and one atomic load.
+    pub(crate) fn raw_on(&self, mount: &Mount, op: &'static str) -> Result<*mut sys::Inode> {
+        if !self.mount.same_mount(mount) {
+            return Err(CephError::new(op, libc::EXDEV));
+        }
+        if mount.is_shut_down() {
+            return Err(CephError::new(op, libc::ENOTCONN));
+        }
+        Ok(self.ptr.as_ptr())
+    }
+
     /// The mount this inode belongs to.
     pub fn mount(&self) -> &Mount {
         &self.mount
@@ -52,14 +65,16 @@ impl Inode {
     /// The inode's vino from the client's cached attributes (no MDS round trip):
     /// `stx_ino` and `stx_dev` (which libcephfs fills with the snapid).
     pub fn vino(&self) -> Result<Vino> {
+        let ptr = self.raw_on(&self.mount, "ceph_ll_getattr")?;
         let mut stx = Statx::default();
-        // SAFETY: the mount is live (held by self); `self.ptr` is a referenced inode of it;
-        // `stx` is a valid out buffer; the mount's own perms pointer is owned by the mount.
+        // SAFETY: the mount is live (held by self); `ptr` is a referenced inode of it, not
+        // freed by a shutdown (`raw_on`); `stx` is a valid out buffer; the mount's own perms
+        // pointer is owned by the mount.
         let ret = unsafe {
             let perms = sys::ceph_mount_perms(self.mount.raw());
             sys::ceph_ll_getattr(
                 self.mount.raw(),
-                self.as_ptr(),
+                ptr,
                 &mut stx,
                 CEPH_STATX_INO,
                 AT_STATX_DONT_SYNC,

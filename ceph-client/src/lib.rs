@@ -17,6 +17,11 @@
 //! methods ([`Mount::unmount`], [`File::close`]) report teardown errors; they take the
 //! object out so that `Drop` does not release it a second time.
 //!
+//! A C pointer is only ever handed to the client that made it, while it is alive: a call given
+//! an [`Inode`] of another mount fails with EXDEV (a process may hold several mounts), and once
+//! [`Mount::shutdown`] has freed everything, calls of the `Inode`s, `File`s and `Dir`s still
+//! alive fail with ENOTCONN. Both checks are a pointer compare or an atomic load.
+//!
 //! # Why `Mount`, `Inode`, `File` and `UserPerm` are `Send + Sync`
 //!
 //! libcephfs serialises the work of a mount on its internal `client_lock`: every `ceph_ll_*`

@@ -398,8 +398,11 @@ impl Mount {
     ///
     /// `ceph_unmount` flushes, closes the open file handles and directory streams and frees
     /// every inode; from here on the owners still alive release nothing in their Drop, and
-    /// every call on this mount fails (ENOTCONN). Happens at most once; later calls do nothing.
-    /// The caller must ensure no other thread is inside a libcephfs call on this mount.
+    /// every call on this mount fails (ENOTCONN): the calls taking an [`Inode`], and those of
+    /// [`File`](crate::File) and [`Dir`](crate::Dir), check the flag this sets before they
+    /// hand libcephfs a pointer. Happens at most once; later calls do nothing.
+    /// The caller must ensure no other thread is inside a libcephfs call on this mount (one
+    /// that passed the check before the flag was set).
     pub fn shutdown(&self) -> Result<()> {
         if self.inner.shut_down.swap(true, Ordering::AcqRel) {
             return Ok(());
@@ -407,6 +410,11 @@ impl Mount {
         // SAFETY: the handle is live (self holds it) and mounted; shut_down was false, so no
         // earlier shutdown unmounted it, and the flag now keeps Drop from unmounting again.
         check("ceph_unmount", unsafe { sys::ceph_unmount(self.raw()) }).map(drop)
+    }
+
+    /// Whether `other` is this mount or a clone of it (a pointer compare).
+    pub fn same_mount(&self, other: &Mount) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Whether [`Mount::shutdown`] has run: owners then release nothing.

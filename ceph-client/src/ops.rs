@@ -1,4 +1,11 @@
 //! The ll operations on a [`Mount`].
+//!
+//! An `Inode*` means something only to the client that handed it out, and only until that
+//! client is shut down: every call taking an [`Inode`] gets its pointer through
+//! [`Inode::raw_on`], which fails with EXDEV for an inode of another mount (the daemon holds
+//! more than one) and with ENOTCONN after [`Mount::shutdown`] (which freed it), instead of
+//! handing libcephfs a pointer it does not own. The check is a pointer compare and one atomic
+//! load.
 
 use std::ffi::CStr;
 
@@ -38,14 +45,15 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx)> {
+        let parent_p = parent.raw_on(self, "ceph_ll_lookup")?;
         let mut out = std::ptr::null_mut();
         let mut stx = Statx::default();
-        // SAFETY: mount and parent live; `name` NUL-terminated; out buffers valid; `perms`
-        // outlives the call.
+        // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated; out
+        // buffers valid; `perms` outlives the call.
         let ret = unsafe {
             sys::ceph_ll_lookup(
                 self.raw(),
-                parent.as_ptr(),
+                parent_p,
                 name.as_ptr(),
                 &mut out,
                 &mut stx,
@@ -104,17 +112,12 @@ impl Mount {
 
     /// `ceph_ll_getattr`.
     pub fn getattr(&self, inode: &Inode, want: u32, flags: u32, perms: &UserPerm) -> Result<Statx> {
+        let inode_p = inode.raw_on(self, "ceph_ll_getattr")?;
         let mut stx = Statx::default();
-        // SAFETY: mount and inode live; `stx` a valid out buffer; perms outlives the call.
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `stx` a valid out buffer;
+        // perms outlives the call.
         let ret = unsafe {
-            sys::ceph_ll_getattr(
-                self.raw(),
-                inode.as_ptr(),
-                &mut stx,
-                want,
-                flags,
-                perms.as_ptr(),
-            )
+            sys::ceph_ll_getattr(self.raw(), inode_p, &mut stx, want, flags, perms.as_ptr())
         };
         check("ceph_ll_getattr", ret)?;
         Ok(stx)
@@ -122,26 +125,29 @@ impl Mount {
 
     /// `ceph_ll_setattr`: set the fields of `stx` named by `mask` (`CEPH_SETATTR_*`).
     pub fn setattr(&self, inode: &Inode, stx: &Statx, mask: u32, perms: &UserPerm) -> Result<()> {
+        let inode_p = inode.raw_on(self, "ceph_ll_setattr")?;
         let mut copy = *stx;
         let mask =
             i32::try_from(mask).map_err(|_| CephError::new("ceph_ll_setattr", libc::EINVAL))?;
-        // SAFETY: mount and inode live; `copy` is a valid statx owned by this frame.
-        let ret = unsafe {
-            sys::ceph_ll_setattr(self.raw(), inode.as_ptr(), &mut copy, mask, perms.as_ptr())
-        };
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `copy` is a valid statx
+        // owned by this frame.
+        let ret =
+            unsafe { sys::ceph_ll_setattr(self.raw(), inode_p, &mut copy, mask, perms.as_ptr()) };
         check("ceph_ll_setattr", ret).map(drop)
     }
 
     /// `ceph_ll_readlink`: the symlink's target bytes.
     pub fn readlink(&self, inode: &Inode, perms: &UserPerm) -> Result<Vec<u8>> {
+        let inode_p = inode.raw_on(self, "ceph_ll_readlink")?;
         let mut size = libc::PATH_MAX as usize;
         loop {
             let mut buf = vec![0u8; size];
-            // SAFETY: mount and inode live; `buf` writable for `buf.len()` bytes.
+            // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `buf` writable for
+            // `buf.len()` bytes.
             let ret = unsafe {
                 sys::ceph_ll_readlink(
                     self.raw(),
-                    inode.as_ptr(),
+                    inode_p,
                     buf.as_mut_ptr().cast(),
                     buf.len(),
                     perms.as_ptr(),
@@ -168,13 +174,15 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx)> {
+        let parent_p = parent.raw_on(self, "ceph_ll_mknod")?;
         let mut out = std::ptr::null_mut();
         let mut stx = Statx::default();
-        // SAFETY: mount and parent live; `name` NUL-terminated; out buffers valid.
+        // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated; out
+        // buffers valid.
         let ret = unsafe {
             sys::ceph_ll_mknod(
                 self.raw(),
-                parent.as_ptr(),
+                parent_p,
                 name.as_ptr(),
                 mode,
                 rdev,
@@ -201,13 +209,15 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx)> {
+        let parent_p = parent.raw_on(self, "ceph_ll_mkdir")?;
         let mut out = std::ptr::null_mut();
         let mut stx = Statx::default();
-        // SAFETY: mount and parent live; `name` NUL-terminated; out buffers valid.
+        // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated; out
+        // buffers valid.
         let ret = unsafe {
             sys::ceph_ll_mkdir(
                 self.raw(),
-                parent.as_ptr(),
+                parent_p,
                 name.as_ptr(),
                 mode,
                 &mut out,
@@ -233,13 +243,15 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx)> {
+        let parent_p = parent.raw_on(self, "ceph_ll_symlink")?;
         let mut out = std::ptr::null_mut();
         let mut stx = Statx::default();
-        // SAFETY: mount and parent live; both strings NUL-terminated; out buffers valid.
+        // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); both strings
+        // NUL-terminated; out buffers valid.
         let ret = unsafe {
             sys::ceph_ll_symlink(
                 self.raw(),
-                parent.as_ptr(),
+                parent_p,
                 name.as_ptr(),
                 target.as_ptr(),
                 &mut out,
@@ -257,19 +269,19 @@ impl Mount {
 
     /// `ceph_ll_unlink`.
     pub fn unlink(&self, parent: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
-        // SAFETY: mount and parent live; `name` NUL-terminated.
-        let ret = unsafe {
-            sys::ceph_ll_unlink(self.raw(), parent.as_ptr(), name.as_ptr(), perms.as_ptr())
-        };
+        let parent_p = parent.raw_on(self, "ceph_ll_unlink")?;
+        // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated.
+        let ret =
+            unsafe { sys::ceph_ll_unlink(self.raw(), parent_p, name.as_ptr(), perms.as_ptr()) };
         check("ceph_ll_unlink", ret).map(drop)
     }
 
     /// `ceph_ll_rmdir`. `rmdir(dir/.snap, NAME)` removes a snapshot.
     pub fn rmdir(&self, parent: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
-        // SAFETY: mount and parent live; `name` NUL-terminated.
-        let ret = unsafe {
-            sys::ceph_ll_rmdir(self.raw(), parent.as_ptr(), name.as_ptr(), perms.as_ptr())
-        };
+        let parent_p = parent.raw_on(self, "ceph_ll_rmdir")?;
+        // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated.
+        let ret =
+            unsafe { sys::ceph_ll_rmdir(self.raw(), parent_p, name.as_ptr(), perms.as_ptr()) };
         check("ceph_ll_rmdir", ret).map(drop)
     }
 
@@ -282,13 +294,15 @@ impl Mount {
         newname: &CStr,
         perms: &UserPerm,
     ) -> Result<()> {
-        // SAFETY: mount and both parents live; names NUL-terminated.
+        let parent_p = parent.raw_on(self, "ceph_ll_rename")?;
+        let newparent_p = newparent.raw_on(self, "ceph_ll_rename")?;
+        // SAFETY: mount live, both parents live inodes of it (`raw_on`); names NUL-terminated.
         let ret = unsafe {
             sys::ceph_ll_rename(
                 self.raw(),
-                parent.as_ptr(),
+                parent_p,
                 name.as_ptr(),
-                newparent.as_ptr(),
+                newparent_p,
                 newname.as_ptr(),
                 perms.as_ptr(),
             )
@@ -305,12 +319,15 @@ impl Mount {
         name: &CStr,
         perms: &UserPerm,
     ) -> Result<Statx> {
-        // SAFETY: mount, inode and newparent live; `name` NUL-terminated.
+        let inode_p = inode.raw_on(self, "ceph_ll_link")?;
+        let newparent_p = newparent.raw_on(self, "ceph_ll_link")?;
+        // SAFETY: mount live, `inode_p` and `newparent_p` live inodes of it (`raw_on`); `name`
+        // NUL-terminated.
         let ret = unsafe {
             sys::ceph_ll_link(
                 self.raw(),
-                inode.as_ptr(),
-                newparent.as_ptr(),
+                inode_p,
+                newparent_p,
                 name.as_ptr(),
                 perms.as_ptr(),
             )
@@ -377,11 +394,11 @@ impl Mount {
     /// the libcephfs bug; use [`Mount::open`].
     #[doc(hidden)]
     pub fn open_mds_truncate(&self, inode: &Inode, oflags: i32, perms: &UserPerm) -> Result<File> {
+        let inode_p = inode.raw_on(self, "ceph_ll_open")?;
         let mut fh = std::ptr::null_mut();
-        // SAFETY: mount and inode live; `fh` a valid out pointer.
-        let ret = unsafe {
-            sys::ceph_ll_open(self.raw(), inode.as_ptr(), oflags, &mut fh, perms.as_ptr())
-        };
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `fh` a valid out pointer.
+        let ret =
+            unsafe { sys::ceph_ll_open(self.raw(), inode_p, oflags, &mut fh, perms.as_ptr()) };
         check("ceph_ll_open", ret)?;
         // SAFETY: on success we own the new Fh.
         unsafe { File::from_raw(self, "ceph_ll_open", fh) }
@@ -436,14 +453,16 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx, File)> {
+        let parent_p = parent.raw_on(self, "ceph_ll_create")?;
         let mut out = std::ptr::null_mut();
         let mut fh = std::ptr::null_mut();
         let mut stx = Statx::default();
-        // SAFETY: mount and parent live; `name` NUL-terminated; out buffers valid.
+        // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated; out
+        // buffers valid.
         let ret = unsafe {
             sys::ceph_ll_create(
                 self.raw(),
-                parent.as_ptr(),
+                parent_p,
                 name.as_ptr(),
                 mode,
                 oflags,
@@ -466,10 +485,10 @@ impl Mount {
 
     /// `ceph_ll_opendir`.
     pub fn opendir(&self, inode: &Inode, perms: &UserPerm) -> Result<Dir> {
+        let inode_p = inode.raw_on(self, "ceph_ll_opendir")?;
         let mut dirp = std::ptr::null_mut();
-        // SAFETY: mount and inode live; `dirp` a valid out pointer.
-        let ret =
-            unsafe { sys::ceph_ll_opendir(self.raw(), inode.as_ptr(), &mut dirp, perms.as_ptr()) };
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `dirp` a valid out pointer.
+        let ret = unsafe { sys::ceph_ll_opendir(self.raw(), inode_p, &mut dirp, perms.as_ptr()) };
         check("ceph_ll_opendir", ret)?;
         // SAFETY: on success we own the new stream.
         unsafe { Dir::from_raw(self, "ceph_ll_opendir", dirp) }
@@ -477,10 +496,12 @@ impl Mount {
 
     /// `ceph_ll_statfs`. Without a running mgr the block counts are 0 on Pacific.
     pub fn statfs(&self, inode: &Inode) -> Result<libc::statvfs> {
+        let inode_p = inode.raw_on(self, "ceph_ll_statfs")?;
         // SAFETY: statvfs is plain old data; all-zero is a valid value.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: mount and inode live; `st` a valid out buffer (64-bit layout, see layout test).
-        let ret = unsafe { sys::ceph_ll_statfs(self.raw(), inode.as_ptr(), &mut st) };
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `st` a valid out buffer
+        // (64-bit layout, see layout test).
+        let ret = unsafe { sys::ceph_ll_statfs(self.raw(), inode_p, &mut st) };
         check("ceph_ll_statfs", ret)?;
         Ok(st)
     }
@@ -495,17 +516,18 @@ impl Mount {
         buf: &mut [u8],
         perms: &UserPerm,
     ) -> Result<usize> {
+        let inode_p = inode.raw_on(self, "ceph_ll_getxattr")?;
         let ptr = if buf.is_empty() {
             std::ptr::null_mut()
         } else {
             buf.as_mut_ptr()
         };
-        // SAFETY: mount and inode live; `name` NUL-terminated; `ptr` null (size 0) or
-        // writable for `buf.len()` bytes.
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `name` NUL-terminated; `ptr`
+        // null (size 0) or writable for `buf.len()` bytes.
         let ret = unsafe {
             sys::ceph_ll_getxattr(
                 self.raw(),
-                inode.as_ptr(),
+                inode_p,
                 name.as_ptr(),
                 ptr.cast(),
                 buf.len(),
@@ -525,11 +547,13 @@ impl Mount {
         flags: i32,
         perms: &UserPerm,
     ) -> Result<()> {
-        // SAFETY: mount and inode live; `name` NUL-terminated; `value` readable for its length.
+        let inode_p = inode.raw_on(self, "ceph_ll_setxattr")?;
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `name` NUL-terminated;
+        // `value` readable for its length.
         let ret = unsafe {
             sys::ceph_ll_setxattr(
                 self.raw(),
-                inode.as_ptr(),
+                inode_p,
                 name.as_ptr(),
                 value.as_ptr().cast(),
                 value.len(),
@@ -543,18 +567,19 @@ impl Mount {
     /// `ceph_ll_listxattr`: NUL-separated names into `buf`; returns the list's length. With
     /// an empty `buf`, only the length (size query); too small: ERANGE.
     pub fn listxattr(&self, inode: &Inode, buf: &mut [u8], perms: &UserPerm) -> Result<usize> {
+        let inode_p = inode.raw_on(self, "ceph_ll_listxattr")?;
         let ptr = if buf.is_empty() {
             std::ptr::null_mut()
         } else {
             buf.as_mut_ptr()
         };
         let mut size: libc::size_t = 0;
-        // SAFETY: mount and inode live; `ptr` null (size 0) or writable for `buf.len()`
-        // bytes; `size` a valid out pointer.
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `ptr` null (size 0) or
+        // writable for `buf.len()` bytes; `size` a valid out pointer.
         let ret = unsafe {
             sys::ceph_ll_listxattr(
                 self.raw(),
-                inode.as_ptr(),
+                inode_p,
                 ptr.cast(),
                 buf.len(),
                 &mut size,
@@ -567,24 +592,25 @@ impl Mount {
 
     /// `ceph_ll_removexattr`.
     pub fn removexattr(&self, inode: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
-        // SAFETY: mount and inode live; `name` NUL-terminated.
-        let ret = unsafe {
-            sys::ceph_ll_removexattr(self.raw(), inode.as_ptr(), name.as_ptr(), perms.as_ptr())
-        };
+        let inode_p = inode.raw_on(self, "ceph_ll_removexattr")?;
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `name` NUL-terminated.
+        let ret =
+            unsafe { sys::ceph_ll_removexattr(self.raw(), inode_p, name.as_ptr(), perms.as_ptr()) };
         check("ceph_ll_removexattr", ret).map(drop)
     }
 
     /// `ceph_ll_sync_inode`: flush one inode's dirty data (and metadata unless `datasync`).
     pub fn sync_inode(&self, inode: &Inode, datasync: bool) -> Result<()> {
-        // SAFETY: mount and inode live.
-        let ret =
-            unsafe { sys::ceph_ll_sync_inode(self.raw(), inode.as_ptr(), i32::from(datasync)) };
+        let inode_p = inode.raw_on(self, "ceph_ll_sync_inode")?;
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`).
+        let ret = unsafe { sys::ceph_ll_sync_inode(self.raw(), inode_p, i32::from(datasync)) };
         check("ceph_ll_sync_inode", ret).map(drop)
     }
 
     /// `ceph_ll_snap_seq`: the snapshot sequence number of the inode's snap realm.
-    pub fn snap_seq(&self, inode: &Inode) -> u64 {
-        // SAFETY: mount and inode live.
-        unsafe { sys::ceph_ll_snap_seq(self.raw(), inode.as_ptr()) }
+    pub fn snap_seq(&self, inode: &Inode) -> Result<u64> {
+        let inode_p = inode.raw_on(self, "ceph_ll_snap_seq")?;
+        // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`).
+        Ok(unsafe { sys::ceph_ll_snap_seq(self.raw(), inode_p) })
     }
 }

@@ -7,7 +7,7 @@
 
 #![allow(clippy::field_reassign_with_default)]
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut};
 use std::path::PathBuf;
 
@@ -884,10 +884,92 @@ fn fallocate_punch_hole_and_lseek_data_hole() {
     assert_eq!(errno(file.lseek(-5, libc::SEEK_SET)), libc::EINVAL);
 }
 
+/// An `Inode*` means something only to the client that handed it out: an inode of another
+/// mount (the daemon holds two) is refused with EXDEV by every call taking one, before
+/// libcephfs sees the pointer.
 #[test]
-fn name_helpers_take_cstr() {
-    // Compile-time check of the &CStr-based signatures used by the FUSE layer.
-    fn _sig(m: &Mount, i: &Inode, n: &CStr, p: &UserPerm) -> Result<(Inode, Statx)> {
-        m.lookup(i, n, ALL, AT_SYMLINK_NOFOLLOW, p)
-    }
+fn an_inode_of_another_mount_is_exdev() {
+    let f = fixture("foreign");
+    let (m, p) = (&f.m, &f.root);
+    let (own, _file) = write_file(&f, "f", b"x");
+    let other = new_mount();
+    let foreign_dir = other.lookup_root().unwrap();
+    let foreign = other
+        .lookup_inode(m.getattr(&own, ALL, 0, p).unwrap().stx_ino)
+        .unwrap();
+    assert!(!m.same_mount(&other) && m.same_mount(&m.clone()));
+    assert!(foreign.mount().same_mount(&other));
+
+    let x = libc::EXDEV;
+    assert_eq!(errno(m.lookup(&foreign_dir, &c("f"), ALL, 0, p)), x);
+    assert_eq!(errno(m.getattr(&foreign, ALL, 0, p)), x);
+    assert_eq!(errno(m.setattr(&foreign, &Statx::default(), 0, p)), x);
+    assert_eq!(errno(m.readlink(&foreign, p)), x);
+    assert_eq!(errno(m.open(&foreign, libc::O_RDONLY, p)), x);
+    assert_eq!(errno(m.opendir(&foreign_dir, p)), x);
+    assert_eq!(errno(m.mkdir(&foreign_dir, &c("d"), 0o755, ALL, 0, p)), x);
+    assert_eq!(
+        errno(m.create(&foreign_dir, &c("n"), 0o644, libc::O_CREAT, ALL, 0, p)),
+        x
+    );
+    assert_eq!(errno(m.unlink(&foreign_dir, &c("f"), p)), x);
+    // Either side of a two-inode call.
+    assert_eq!(
+        errno(m.rename(&f.dir, &c("f"), &foreign_dir, &c("g"), p)),
+        x
+    );
+    assert_eq!(
+        errno(m.rename(&foreign_dir, &c("f"), &f.dir, &c("g"), p)),
+        x
+    );
+    assert_eq!(errno(m.link(&own, &foreign_dir, &c("g"), p)), x);
+    assert_eq!(errno(m.link(&foreign, &f.dir, &c("g"), p)), x);
+    assert_eq!(errno(m.getxattr(&foreign, &c("user.a"), &mut [], p)), x);
+    assert_eq!(errno(m.statfs(&foreign)), x);
+    assert_eq!(errno(m.snap_seq(&foreign)), x);
+    // Nothing happened: the name is still there, and each mount still takes its own inodes.
+    m.lookup(&f.dir, &c("f"), ALL, 0, p).unwrap();
+    assert_eq!(errno(m.lookup(&f.dir, &c("g"), ALL, 0, p)), libc::ENOENT);
+    other.getattr(&foreign, ALL, 0, p).unwrap();
+    foreign.vino().unwrap();
+}
+
+/// After `Mount::shutdown` (which frees every inode, file handle and directory stream inside
+/// libcephfs), the owners still alive get ENOTCONN instead of handing a freed pointer to
+/// libcephfs, and release nothing when dropped.
+#[test]
+fn calls_after_shutdown_are_enotconn() {
+    let f = fixture("shutdown");
+    let (m, p) = (&f.m, &f.root);
+    let (ino, file) = write_file(&f, "f", b"data");
+    let second = m.open(&ino, libc::O_RDONLY, p).unwrap();
+    let mut dir = m.opendir(&f.dir, p).unwrap();
+    m.shutdown().unwrap();
+
+    let x = libc::ENOTCONN;
+    let mut buf = [0u8; 4];
+    assert_eq!(errno(file.read(0, &mut buf)), x);
+    assert_eq!(errno(file.write(0, b"more")), x);
+    assert_eq!(
+        errno(file.read_vectored(&mut [IoSliceMut::new(&mut buf)], 0)),
+        x
+    );
+    assert_eq!(errno(file.write_vectored(&[IoSlice::new(b"v")], 0)), x);
+    assert_eq!(errno(file.fsync(false)), x);
+    assert_eq!(errno(file.fallocate(0, 0, 1)), x);
+    assert_eq!(errno(file.lseek(0, libc::SEEK_END)), x);
+    assert_eq!(errno(file.flock(libc::LOCK_EX | libc::LOCK_NB, 1)), x);
+    assert_eq!(errno(m.getattr(&ino, ALL, 0, p)), x);
+    assert_eq!(errno(m.open(&ino, libc::O_RDONLY, p)), x);
+    assert_eq!(errno(m.lookup(&f.dir, &c("f"), ALL, 0, p)), x);
+    assert_eq!(errno(ino.vino()), x);
+    assert_eq!(errno(ino.try_clone()), x);
+    assert_eq!(errno(dir.readdirplus(ALL, 0, false)), x);
+    dir.rewinddir();
+    assert_eq!(dir.telldir(), 0);
+    // The handle is gone already: closing it is not an error, and dropping the rest frees
+    // nothing twice.
+    second.close().unwrap();
+    drop((file, dir, ino));
+    drop(f);
 }

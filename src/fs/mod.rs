@@ -4,17 +4,22 @@
 //! `FileSystem` trait (plus [`crate::server::ExtraOps`] for the opcodes fuse-backend-rs does not
 //! dispatch) over the `ceph-client` crate. Node ids and handles are ours ([`nodes`],
 //! [`handles`]); credentials come from the request ([`perms`]); how long the guest may cache what
-//! we return is [`policy`]'s decision; the SB_NOSEC contract is [`killpriv`]'s.
+//! we return is [`policy`]'s decision; the SB_NOSEC contract is [`killpriv`]'s. The
+//! `FileSystem` impl below is the table of operations; directory streams (`dir`), locks
+//! (`locks`) and data I/O (`data`) live in rooms of their own.
 //!
 //! Everything here treats the guest as untrusted: every node id and handle is looked up (unknown
 //! → EBADF/ENOENT-class errno, never a dereference), names are checked before they reach
 //! libcephfs, offsets and lengths are checked against i64, and every error keeps its raw errno.
 
 pub mod cached;
+mod data;
+mod dir;
 pub mod handles;
 pub mod idmap;
 pub mod killpriv;
 pub mod limits;
+mod locks;
 pub mod names;
 pub mod nodes;
 pub mod perms;
@@ -55,14 +60,13 @@ type Link = nodes::Link<Inode>;
 use perms::PermCache;
 use policy::{CachePolicy, NodeClass};
 
+pub use dir::DirStream;
 pub use policy::{CacheMode, SnapshotPolicy};
 
 /// The largest xattr value Linux lets through (XATTR_SIZE_MAX).
 const XATTR_SIZE_MAX: usize = 65536;
 /// The longest symlink target (PATH_MAX).
 const PATH_MAX: usize = 4096;
-/// Chunk of a server-side copy.
-const COPY_CHUNK: usize = 1 << 20;
 
 /// The attributes every reply carries.
 const WANT: u32 = CEPH_STATX_BASIC_STATS;
@@ -117,17 +121,6 @@ impl OpenFile {
     }
 }
 
-#[derive(Debug)]
-pub struct DirStream {
-    dir: Dir,
-    /// Offset of the next entry (what telldir returns), 0 at the start.
-    pos: u64,
-    /// An entry read from libcephfs that did not fit in the last reply: it is handed out first
-    /// by the next READDIR at `pos`. Seeking libcephfs back instead would make it drop its
-    /// directory buffer and go back to the MDS for every reply page.
-    pending: Option<Box<ceph_client::DirEntryPlus>>,
-}
-
 /// What a rename would replace.
 enum RenameTarget {
     /// Nothing: the new name is free.
@@ -138,23 +131,6 @@ enum RenameTarget {
     LinkedFile,
     /// Anything else.
     Other,
-}
-
-/// One READDIR or READDIRPLUS request.
-struct DirRead {
-    inode: u64,
-    handle: u64,
-    offset: u64,
-    size: u32,
-    plus: bool,
-}
-
-/// Bytes one entry takes in a READDIR(PLUS) reply (fuse_dirent padded to 8, plus a
-/// fuse_entry_out for READDIRPLUS), as fuse-backend-rs lays it out.
-fn dirent_size(name_len: usize, plus: bool) -> usize {
-    const DIRENT: usize = 24;
-    const ENTRY_OUT: usize = 128;
-    ((DIRENT + name_len + 7) & !7) + if plus { ENTRY_OUT } else { 0 }
 }
 
 /// Filesystem options, derived from the daemon's configuration.
@@ -348,6 +324,50 @@ fn setattr_request(
         st.stx_ctime = now;
     }
     Ok((st, mask))
+}
+
+/// What a SETATTR must clear or restore around the setattr (`CephFs::setattr_kill`).
+#[derive(Debug, Default, Clone, Copy)]
+struct SetattrKill {
+    /// Added to the setattr's mask (`CEPH_SETATTR_KILL_SGUID`).
+    mask: u32,
+    /// Special bits to put right afterwards: (mode read before, mode wanted).
+    special_after: Option<(u32, u32)>,
+    /// Drop security.capability afterwards.
+    remove_caps: bool,
+}
+
+/// Whether a SETATTR is a chmod setting setgid, alone (but for ctime), by someone other than
+/// root: if the caller owns the file, it is done as root (see `CephFs::setattr`).
+fn chmod_sets_sgid(st: &Statx, mask: u32, uid: u32) -> bool {
+    mask & CEPH_SETATTR_MODE != 0
+        && u32::from(st.stx_mode) & libc::S_ISGID != 0
+        && uid != 0
+        && mask & !(CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME) == 0
+}
+
+/// ftruncate(2) needs only a descriptor open for writing, not write permission on the
+/// file now (think of a file created with mode 0): libcephfs checks the mode, so a size
+/// change through a writable handle of ours runs with root credentials. Root could set
+/// any time: the times are what ftruncate(2) sets, now (explicit times need the owner,
+/// and a guest could otherwise date files it does not own as it likes). `None`: the request
+/// is more than a size change (and its times), and runs with the caller's credentials.
+fn ftruncate_request(st: &Statx, mask: u32, now: ceph_client::Timespec) -> Option<(Statx, u32)> {
+    let size_and_times = CEPH_SETATTR_SIZE
+        | CEPH_SETATTR_MTIME
+        | CEPH_SETATTR_MTIME_NOW
+        | CEPH_SETATTR_CTIME
+        | CEPH_SETATTR_KILL_SGUID;
+    if mask & CEPH_SETATTR_SIZE == 0 || mask & !size_and_times != 0 {
+        return None;
+    }
+    let (mut st, mut mask) = (*st, mask);
+    if mask & CEPH_SETATTR_MTIME != 0 {
+        mask |= CEPH_SETATTR_MTIME_NOW;
+        st.stx_mtime = now;
+    }
+    mask &= !CEPH_SETATTR_CTIME;
+    Some((st, mask))
 }
 
 fn vino_of(st: &Statx) -> Vino {
@@ -1170,66 +1190,6 @@ impl CephFs {
         self.same_entry(&up, &st)
     }
 
-    /// The O_DSYNC twin of an O_DIRECT handle open for writing (see [`OpenFile::writer`]).
-    /// Opened with root credentials: the caller's open was already allowed, and a file
-    /// created with mode 0 stays writable through the descriptor that created it. libcephfs
-    /// opens it locally under the caps the first open got: no MDS request.
-    fn direct_writer(&self, node: &Node, oflags: i32) -> io::Result<Option<File>> {
-        if oflags & libc::O_DIRECT == 0 || oflags & libc::O_ACCMODE == libc::O_RDONLY {
-            return Ok(None);
-        }
-        let keep = libc::O_ACCMODE | libc::O_APPEND;
-        let flags = (oflags & keep) | libc::O_DSYNC;
-        Ok(Some(self.mount.open(
-            &node.inode,
-            flags,
-            &self.perms.get(0, 0),
-        )?))
-    }
-
-    /// Buffered I/O is about to go through `f`: from now on its inode's data may be in
-    /// libcephfs's object cache. One relaxed load per request once noted.
-    fn note_buffered(&self, f: &OpenFile) {
-        if f.direct || f.noted.load(Ordering::Relaxed) {
-            return;
-        }
-        f.noted.store(true, Ordering::Relaxed);
-        if self.cached.mark(f.ino) {
-            self.cached
-                .prune(f.ino, |ino| self.mount.cached_inode(ino).is_some());
-        }
-    }
-
-    /// The libcephfs handle a write through `f` goes to, and whether it bypasses the cache
-    /// (then [`Self::after_direct_write`] must follow). An O_DIRECT write of an inode whose
-    /// data the cache may hold goes through the cache (see [`OpenFile::writer`]).
-    fn write_target<'a>(&self, f: &'a OpenFile) -> (&'a File, bool) {
-        match &f.writer {
-            Some(twin) if self.cached.contains(f.ino) => (twin, false),
-            Some(_) => (&f.file, true),
-            None => {
-                self.note_buffered(f);
-                (&f.file, false)
-            }
-        }
-    }
-
-    /// After a write that bypassed libcephfs's cache: if buffered I/O of the inode began while
-    /// it ran, the cache may have read the old bytes of the range meanwhile. Write the range
-    /// again through the cache, as read back from the OSDs (rare: a buffered reader racing a
-    /// direct writer of the same file).
-    fn after_direct_write(&self, f: &OpenFile, off: u64, len: usize) -> io::Result<()> {
-        let Some(twin) = &f.writer else {
-            return Ok(());
-        };
-        if len == 0 || !self.cached.contains(f.ino) {
-            return Ok(());
-        }
-        let mut buf = vec![0u8; len];
-        let n = f.file.read(off, &mut buf)?;
-        write_all(twin, off, &buf[..n])
-    }
-
     /// How the guest caches an open file. A guest O_DIRECT open is no reason for
     /// FOPEN_DIRECT_IO: the guest kernel then sends the descriptor's I/O straight to us but
     /// (Linux 6.1) leaves what its page cache holds of the range from other descriptors in
@@ -1266,217 +1226,81 @@ impl CephFs {
         }
     }
 
-    fn read_dir(
+    /// Mode bits a chown or truncate must clear, or keep. SB_NOSEC contract: clear
+    /// setuid/setgid in the same setattr when the guest flagged it (and did not set the mode
+    /// explicitly), and drop security.capability on size or owner changes. And whatever the
+    /// guest negotiated: the MDS clears setgid on every chown, also without group-execute,
+    /// where Linux keeps it (it marks mandatory locking there, no privilege), so a chown of
+    /// a file with special bits names the mode it must end with.
+    /// The bits go with CEPH_SETATTR_KILL_SGUID in the same setattr: the MDS clears them
+    /// from the mode the inode has then, so a concurrent chmod is never undone by a mode we
+    /// read before. Where the MDS's rule and Linux's differ (it keeps setuid without any
+    /// execute bit, clears setgid without group-execute, and libcephfs clears both on every
+    /// size or owner change by anyone but root), the special bits are put right afterwards
+    /// (`special_after`), only if the permission bits are still those read before.
+    fn setattr_kill(
         &self,
-        req: DirRead,
-        uid: u32,
-        add: &mut dyn FnMut(DirEntry, Option<Entry>) -> io::Result<usize>,
-    ) -> io::Result<()> {
-        let DirRead {
-            inode,
-            handle,
-            offset,
-            size,
-            plus,
-        } = req;
-        let node = self.node(inode)?;
-        self.gate(self.domain_of(&node), "readdir", uid)?;
-        let h = self.handles.get(inode, handle).map_err(errno)?;
-        let Handle::Dir(stream) = &h.handle else {
-            return Err(errno(libc::ENOTDIR));
-        };
-        let mut s = stream.lock().unwrap_or_else(|e| e.into_inner());
-        if offset != s.pos {
-            if offset == 0 {
-                s.dir.rewinddir();
+        node: &Node,
+        mask: u32,
+        valid: SetattrValid,
+        perm: &ceph_client::UserPerm,
+    ) -> io::Result<SetattrKill> {
+        let mut out = SetattrKill::default();
+        let owner_change = mask & (CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
+        let size_change = mask & CEPH_SETATTR_SIZE != 0;
+        let size_or_owner = owner_change || size_change;
+        let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
+        let killpriv = self.killpriv_on() && (size_or_owner || flagged);
+        if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || size_or_owner) {
+            let cur = u32::from(
+                self.mount
+                    .getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?
+                    .stx_mode,
+            );
+            let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
+                Trigger::Truncate
             } else {
-                s.dir.seekdir(to_off(offset)?);
+                Trigger::Chown
+            };
+            let kill = if killpriv {
+                let has_caps = size_or_owner && self.has_caps(node, perm);
+                killpriv::decide(trigger, cur, false, flagged, has_caps)
+            } else {
+                Kill::default()
+            };
+            if kill.new_mode.is_some() {
+                out.mask |= CEPH_SETATTR_KILL_SGUID;
             }
-            s.pos = offset;
-            s.pending = None;
+            if cur & (libc::S_ISUID | libc::S_ISGID) != 0 {
+                out.special_after = Some((cur, kill.new_mode.unwrap_or(cur)));
+            }
+            out.remove_caps = kill.remove_caps;
         }
-        // Nodes handed out in this reply: if the reply fails, the guest never sees them, so
-        // their lookups are given back (the kernel would never FORGET them).
-        let mut taken: Vec<u64> = Vec::new();
-        let r = self.fill_dir(&node, &mut s, size, plus, add, &mut taken);
-        match r {
-            Ok(()) => Ok(()),
-            // libcephfs failed after some entries were added: they go out, and the error comes
-            // again with the next READDIR at the position after them, as on a local filesystem.
-            Err((e, false)) if !taken.is_empty() || s.pos != offset => {
-                tracing::debug!(%e, "readdir stopped early");
-                Ok(())
-            }
-            Err((e, _)) => {
-                for id in taken {
-                    self.nodes.forget(id, 1);
-                }
-                // Back to where this reply started: nothing of it reached the guest.
-                if offset == 0 {
-                    s.dir.rewinddir();
-                } else {
-                    s.dir
-                        .seekdir(to_off(offset).map_err(|_| errno(libc::EINVAL))?);
-                }
-                s.pos = offset;
-                s.pending = None;
-                Err(e)
-            }
-        }
+        Ok(out)
     }
 
-    /// The entries of one READDIR(PLUS) reply. An error says whether it came from `add` (the
-    /// reply itself failed: `true`) or from libcephfs.
-    fn fill_dir(
-        &self,
-        node: &Arc<Node>,
-        s: &mut DirStream,
-        size: u32,
-        plus: bool,
-        add: &mut dyn FnMut(DirEntry, Option<Entry>) -> io::Result<usize>,
-        taken: &mut Vec<u64>,
-    ) -> Result<(), (io::Error, bool)> {
-        let mut room = size as usize;
-        loop {
-            let de = match s.pending.take() {
-                Some(de) => de,
-                None => match s.dir.readdirplus(WANT, 0, plus) {
-                    Ok(Some(de)) => Box::new(de),
-                    Ok(None) => break,
-                    Err(e) => return Err((e.into(), false)),
+    /// What a SETATTR does after the setattr itself.
+    fn after_setattr(&self, node: &Node, mask: u32, kill: SetattrKill) -> io::Result<()> {
+        // libcephfs keeps explicit times of a directory as dirty caps and sends them to the
+        // MDS later, over the times the MDS gave the directory for the entries created or
+        // removed in it meanwhile (`touch -d 2001-01-01 D; mkdir D/x` left D at 2001): flush
+        // them now. One MDS round trip, for explicit directory times only.
+        if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
+            self.mount.sync_inode(&node.inode, false)?;
+        }
+        if let Some((before, want)) = kill.special_after {
+            self.put_special_bits(node, before, want)?;
+        }
+        if kill.remove_caps {
+            self.apply_kill(
+                node,
+                Kill {
+                    new_mode: None,
+                    remove_caps: kill.remove_caps,
                 },
-            };
-            // Stop before an entry that does not fit, without taking a node for it.
-            let need = dirent_size(de.name.len(), plus);
-            if need > room {
-                s.pending = Some(de);
-                break;
-            }
-            room -= need;
-            let next = u64::try_from(de.offset).unwrap_or(0);
-            let dot = names::is_dot_or_dotdot(&de.name[..]);
-            let dirent = DirEntry {
-                ino: de.statx.stx_ino,
-                offset: next,
-                type_: u32::from(de.d_type),
-                name: &de.name[..],
-            };
-            let mut took = None;
-            // A denied domain root is listed, but gets no node (its lookup will be refused).
-            let denied = plus
-                && !dot
-                && self
-                    .cfg
-                    .quarantine
-                    .as_ref()
-                    .is_some_and(|g| g.denied(self.child_domain(node, &de.statx).0));
-            let bare = Entry {
-                inode: 0,
-                generation: 0,
-                attr: to_stat(&de.statx),
-                attr_flags: 0,
-                attr_timeout: Duration::ZERO,
-                entry_timeout: Duration::ZERO,
-            };
-            let entry = match (plus, dot || denied, de.inode) {
-                (false, _, _) => None,
-                // "." and ".." carry no node: the kernel does not instantiate them, and ".." of
-                // the export root lies outside the export.
-                (true, true, _) | (true, false, None) => Some(bare),
-                (true, false, Some(inode)) => {
-                    match self.child_entry(
-                        node,
-                        &de.name[..],
-                        inode,
-                        &de.statx,
-                        "readdirplus",
-                        None,
-                    ) {
-                        Ok(e) => {
-                            took = Some(e.inode);
-                            Some(e)
-                        }
-                        // Not a child of this directory, or at the node limit: listed without
-                        // a node (the guest looks the name up when it needs it).
-                        Err(_) => Some(bare),
-                    }
-                }
-            };
-            match add(dirent, entry) {
-                Ok(0) => {
-                    // Cannot happen while dirent_size matches the server's layout; should it,
-                    // the kernel did not take this entry, so neither its lookup count nor its
-                    // position.
-                    if let Some(id) = took {
-                        self.nodes.forget(id, 1);
-                    }
-                    let back = to_off(s.pos).map_err(|e| (e, false))?;
-                    s.dir.seekdir(back);
-                    break;
-                }
-                Ok(_) => taken.extend(took),
-                Err(e) => {
-                    if let Some(id) = took {
-                        self.nodes.forget(id, 1);
-                    }
-                    return Err((e, true));
-                }
-            }
-            s.pos = next;
+            )?;
         }
         Ok(())
-    }
-}
-
-/// A libcephfs file seen as a fuse-backend-rs zero-copy source/sink: READ and WRITE move data
-/// between guest memory and libcephfs with one readv/writev and no bounce buffer.
-struct CephIo<'a>(&'a File);
-
-impl CephIo<'_> {
-    fn iovecs(bufs: &[FileVolatileSlice]) -> Vec<libc::iovec> {
-        bufs.iter()
-            .map(|b| libc::iovec {
-                iov_base: b.as_ptr().cast(),
-                iov_len: b.len(),
-            })
-            .collect()
-    }
-}
-
-impl FileReadWriteVolatile for CephIo<'_> {
-    fn read_volatile(&mut self, _slice: FileVolatileSlice) -> io::Result<usize> {
-        Err(errno(libc::ESPIPE))
-    }
-    fn write_volatile(&mut self, _slice: FileVolatileSlice) -> io::Result<usize> {
-        Err(errno(libc::ESPIPE))
-    }
-    fn read_at_volatile(&mut self, slice: FileVolatileSlice, off: u64) -> io::Result<usize> {
-        self.read_vectored_at_volatile(&[slice], off)
-    }
-    fn write_at_volatile(&mut self, slice: FileVolatileSlice, off: u64) -> io::Result<usize> {
-        self.write_vectored_at_volatile(&[slice], off)
-    }
-    fn read_vectored_at_volatile(
-        &mut self,
-        bufs: &[FileVolatileSlice],
-        off: u64,
-    ) -> io::Result<usize> {
-        let iov = Self::iovecs(bufs);
-        // SAFETY: each iovec describes a FileVolatileSlice of guest memory that fuse-backend-rs
-        // validated against the descriptor chain and keeps mapped for the duration of this call;
-        // libcephfs writes at most iov_len bytes into each and keeps no pointer after returning.
-        let n = unsafe { self.0.readv_raw(iov.as_ptr(), iov.len(), to_off(off)?) }?;
-        Ok(n)
-    }
-    fn write_vectored_at_volatile(
-        &mut self,
-        bufs: &[FileVolatileSlice],
-        off: u64,
-    ) -> io::Result<usize> {
-        let iov = Self::iovecs(bufs);
-        // SAFETY: as above; libcephfs only reads the described guest memory during the call.
-        let n = unsafe { self.0.writev_raw(iov.as_ptr(), iov.len(), to_off(off)?) }?;
-        Ok(n)
     }
 }
 
@@ -1589,59 +1413,13 @@ impl FileSystem for CephFs {
         let mut perm = self.perm(ctx);
         let now = ceph_client::Timespec::now();
         let (mut st, mut mask) = setattr_request(&attr, valid, now)?;
-
-        // Mode bits a chown or truncate must clear, or keep. SB_NOSEC contract: clear
-        // setuid/setgid in the same setattr when the guest flagged it (and did not set the mode
-        // explicitly), and drop security.capability on size or owner changes. And whatever the
-        // guest negotiated: the MDS clears setgid on every chown, also without group-execute,
-        // where Linux keeps it (it marks mandatory locking there, no privilege), so a chown of
-        // a file with special bits names the mode it must end with.
-        // The bits go with CEPH_SETATTR_KILL_SGUID in the same setattr: the MDS clears them
-        // from the mode the inode has then, so a concurrent chmod is never undone by a mode we
-        // read before. Where the MDS's rule and Linux's differ (it keeps setuid without any
-        // execute bit, clears setgid without group-execute, and libcephfs clears both on every
-        // size or owner change by anyone but root), the special bits are put right afterwards
-        // (`special_after`), only if the permission bits are still those read before.
-        let mut remove_caps = false;
-        let mut special_after = None;
-        let owner_change = mask & (CEPH_SETATTR_UID | CEPH_SETATTR_GID) != 0;
-        let size_change = mask & CEPH_SETATTR_SIZE != 0;
-        let size_or_owner = owner_change || size_change;
-        let flagged = valid.contains(SetattrValid::KILL_SUIDGID);
-        let killpriv = self.killpriv_on() && (size_or_owner || flagged);
-        if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || size_or_owner) {
-            let cur = u32::from(
-                self.mount
-                    .getattr(&node.inode, CEPH_STATX_MODE, 0, &perm)?
-                    .stx_mode,
-            );
-            let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
-                Trigger::Truncate
-            } else {
-                Trigger::Chown
-            };
-            let kill = if killpriv {
-                let has_caps = size_or_owner && self.has_caps(&node, &perm);
-                killpriv::decide(trigger, cur, false, flagged, has_caps)
-            } else {
-                Kill::default()
-            };
-            if kill.new_mode.is_some() {
-                mask |= CEPH_SETATTR_KILL_SGUID;
-            }
-            if cur & (libc::S_ISUID | libc::S_ISGID) != 0 {
-                special_after = Some((cur, kill.new_mode.unwrap_or(cur)));
-            }
-            remove_caps = kill.remove_caps;
-        }
+        let kill = self.setattr_kill(&node, mask, valid, &perm)?;
+        mask |= kill.mask;
         // chmod g+s by an owner who belongs to the file's group only through a supplementary
         // group: libcephfs, which knows the primary gid only, drops the bit silently. The
         // guest kernel already cleared it where the caller is no member of the group
         // (`default_permissions`), so the owner's mode is set as root.
-        if mask & CEPH_SETATTR_MODE != 0
-            && u32::from(st.stx_mode) & libc::S_ISGID != 0
-            && ctx.uid != 0
-            && mask & !(CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME) == 0
+        if chmod_sets_sgid(&st, mask, ctx.uid)
             && self
                 .mount
                 .getattr(&node.inode, CEPH_STATX_UID, 0, &perm)?
@@ -1650,24 +1428,12 @@ impl FileSystem for CephFs {
         {
             perm = self.perms.get(0, 0);
         }
-
-        // ftruncate(2) needs only a descriptor open for writing, not write permission on the
-        // file now (think of a file created with mode 0): libcephfs checks the mode, so a size
-        // change through a writable handle of ours runs with root credentials. Root could set
-        // any time: the times are what ftruncate(2) sets, now (explicit times need the owner,
-        // and a guest could otherwise date files it does not own as it likes).
-        let size_and_times = CEPH_SETATTR_SIZE
-            | CEPH_SETATTR_MTIME
-            | CEPH_SETATTR_MTIME_NOW
-            | CEPH_SETATTR_CTIME
-            | CEPH_SETATTR_KILL_SGUID;
-        if through_writable_handle && mask & CEPH_SETATTR_SIZE != 0 && mask & !size_and_times == 0 {
-            perm = self.perms.get(0, 0);
-            if mask & CEPH_SETATTR_MTIME != 0 {
-                mask |= CEPH_SETATTR_MTIME_NOW;
-                st.stx_mtime = now;
+        // ftruncate(2) needs only a descriptor open for writing (`ftruncate_request`).
+        if through_writable_handle {
+            if let Some((s, m)) = ftruncate_request(&st, mask, now) {
+                perm = self.perms.get(0, 0);
+                (st, mask) = (s, m);
             }
-            mask &= !CEPH_SETATTR_CTIME;
         }
         if mask != 0 {
             match self.mount.setattr(&node.inode, &st, mask, &perm) {
@@ -1684,25 +1450,7 @@ impl FileSystem for CephFs {
                 Err(e) => return Err(e.into()),
             }
         }
-        // libcephfs keeps explicit times of a directory as dirty caps and sends them to the
-        // MDS later, over the times the MDS gave the directory for the entries created or
-        // removed in it meanwhile (`touch -d 2001-01-01 D; mkdir D/x` left D at 2001): flush
-        // them now. One MDS round trip, for explicit directory times only.
-        if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
-            self.mount.sync_inode(&node.inode, false)?;
-        }
-        if let Some((before, want)) = special_after {
-            self.put_special_bits(&node, before, want)?;
-        }
-        if remove_caps {
-            self.apply_kill(
-                &node,
-                Kill {
-                    new_mode: None,
-                    remove_caps,
-                },
-            )?;
-        }
+        self.after_setattr(&node, mask, kill)?;
         let out = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
         Ok((to_stat(&out), self.policy.ttl(self.class(&node)).attr))
     }
@@ -1995,13 +1743,10 @@ impl FileSystem for CephFs {
         w: &mut dyn ZeroCopyWriter,
         size: u32,
         offset: u64,
-        _lock_owner: Option<u64>,
-        _flags: u32,
+        lock_owner: Option<u64>,
+        flags: u32,
     ) -> io::Result<usize> {
-        range(offset, u64::from(size))?;
-        let f = self.file(inode, handle, "read", ctx.uid)?;
-        self.note_buffered(&f);
-        w.write_from(&mut CephIo(&f.file), size as usize, offset)
+        self.do_read(ctx, inode, handle, w, size, offset, lock_owner, flags)
     }
 
     fn write(
@@ -2012,43 +1757,31 @@ impl FileSystem for CephFs {
         r: &mut dyn ZeroCopyReader,
         size: u32,
         offset: u64,
-        _lock_owner: Option<u64>,
-        _delayed_write: bool,
-        _flags: u32,
+        lock_owner: Option<u64>,
+        delayed_write: bool,
+        flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
-        range(offset, u64::from(size))?;
-        let f = self.file(inode, handle, "write", ctx.uid)?;
-        if self.killpriv_on() {
-            let node = self.node(inode)?;
-            self.kill_privs(
-                &node,
-                Trigger::Write,
-                fuse_flags & WRITE_KILL_PRIV != 0,
-                &self.perm(ctx),
-            )?;
-        }
-        let (target, bypassed) = self.write_target(&f);
-        let n = r.read_to(&mut CephIo(target), size as usize, offset)?;
-        if bypassed {
-            self.after_direct_write(&f, offset, n)?;
-        }
-        Ok(n)
+        self.do_write(
+            ctx,
+            inode,
+            handle,
+            r,
+            size,
+            offset,
+            lock_owner,
+            delayed_write,
+            flags,
+            fuse_flags,
+        )
     }
 
     fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
-        let f = self.file(inode, handle, "flush", ctx.uid)?;
-        // close() releases the POSIX locks of the closing owner, as the local kernel would.
-        if f.locked.load(Ordering::Relaxed) {
-            let unlock = whole_file_lock(libc::F_UNLCK);
-            f.file.setlk(&unlock, lock_owner, false)?;
-        }
-        Ok(())
+        self.do_flush(ctx, inode, handle, lock_owner)
     }
 
     fn fsync(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
-        let f = self.file(inode, handle, "fsync", ctx.uid)?;
-        Ok(f.file.fsync(datasync)?)
+        self.do_fsync(ctx, inode, datasync, handle)
     }
 
     fn fallocate(
@@ -2060,17 +1793,7 @@ impl FileSystem for CephFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
-        range(offset, length)?;
-        let f = self.file(inode, handle, "fallocate", ctx.uid)?;
-        let mode = i32::try_from(mode).map_err(|_| errno(libc::EOPNOTSUPP))?;
-        // fallocate(2) modifies the file as a write does (Linux's file_modified): SB_NOSEC
-        // leaves the kill to us. FALLOCATE carries no kill flag: a caller other than root is
-        // taken to lack CAP_FSETID, as for copy_file_range.
-        if self.killpriv_on() {
-            let node = self.node(inode)?;
-            self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
-        }
-        Ok(f.file.fallocate(mode, offset, length)?)
+        self.do_fallocate(ctx, inode, handle, mode, offset, length)
     }
 
     fn release(
@@ -2205,24 +1928,9 @@ impl FileSystem for CephFs {
         &self,
         ctx: &Context,
         inode: u64,
-        _flags: u32,
+        flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions)> {
-        let node = self.node_op(inode, "opendir", ctx)?;
-        if !node.is_dir() {
-            return Err(errno(libc::ENOTDIR));
-        }
-        self.handle_room("opendir")?;
-        let dir = self.mount.opendir(&node.inode, &self.perm(ctx))?;
-        let fh = self.new_handle(
-            inode,
-            Handle::Dir(Mutex::new(DirStream {
-                dir,
-                pos: 0,
-                pending: None,
-            })),
-            "opendir",
-        )?;
-        Ok((Some(fh), OpenOptions::empty()))
+        self.do_opendir(ctx, inode, flags)
     }
 
     fn readdir(
@@ -2234,14 +1942,7 @@ impl FileSystem for CephFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        let req = DirRead {
-            inode,
-            handle,
-            offset,
-            size,
-            plus: false,
-        };
-        self.read_dir(req, ctx.uid, &mut |d, _| add_entry(d))
+        self.do_readdir(ctx, inode, handle, size, offset, add_entry)
     }
 
     fn readdirplus(
@@ -2253,28 +1954,15 @@ impl FileSystem for CephFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
-        let req = DirRead {
-            inode,
-            handle,
-            offset,
-            size,
-            plus: true,
-        };
-        self.read_dir(req, ctx.uid, &mut |d, e| match e {
-            Some(e) => add_entry(d, e),
-            None => Err(errno(libc::EIO)),
-        })
+        self.do_readdirplus(ctx, inode, handle, size, offset, add_entry)
     }
 
-    fn fsyncdir(&self, ctx: &Context, inode: u64, _datasync: bool, handle: u64) -> io::Result<()> {
-        let node = self.node_op(inode, "fsyncdir", ctx)?;
-        self.handles.get(inode, handle).map_err(errno)?;
-        Ok(self.mount.sync_inode(&node.inode, false)?)
+    fn fsyncdir(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        self.do_fsyncdir(ctx, inode, datasync, handle)
     }
 
-    fn releasedir(&self, _ctx: &Context, inode: u64, _flags: u32, handle: u64) -> io::Result<()> {
-        self.handles.remove(inode, handle).map_err(errno)?;
-        Ok(())
+    fn releasedir(&self, ctx: &Context, inode: u64, flags: u32, handle: u64) -> io::Result<()> {
+        self.do_releasedir(ctx, inode, flags, handle)
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
@@ -2293,10 +1981,7 @@ impl FileSystem for CephFs {
         offset: u64,
         whence: u32,
     ) -> io::Result<u64> {
-        let off = to_off(offset)?;
-        let f = self.file(inode, handle, "lseek", ctx.uid)?;
-        let whence = i32::try_from(whence).map_err(|_| errno(libc::EINVAL))?;
-        Ok(f.file.lseek(off, whence)?)
+        self.do_lseek(ctx, inode, handle, offset, whence)
     }
 
     fn getlk(
@@ -2306,12 +1991,9 @@ impl FileSystem for CephFs {
         handle: u64,
         owner: u64,
         lock: FileLock,
-        _flags: u32,
+        flags: u32,
     ) -> io::Result<FileLock> {
-        let f = self.file(inode, handle, "getlk", ctx.uid)?;
-        let mut fl = to_flock(&lock)?;
-        f.file.getlk(&mut fl, owner)?;
-        Ok(from_flock(&fl))
+        self.do_getlk(ctx, inode, handle, owner, lock, flags)
     }
 
     fn setlk(
@@ -2323,7 +2005,7 @@ impl FileSystem for CephFs {
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
-        self.set_lock(inode, handle, owner, lock, flags, false, ctx.uid)
+        self.do_setlk(ctx, inode, handle, owner, lock, flags)
     }
 
     fn setlkw(
@@ -2335,128 +2017,7 @@ impl FileSystem for CephFs {
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
-        self.set_lock(inode, handle, owner, lock, flags, true, ctx.uid)
-    }
-}
-
-impl CephFs {
-    #[allow(clippy::too_many_arguments)]
-    fn set_lock(
-        &self,
-        inode: u64,
-        handle: u64,
-        owner: u64,
-        lock: FileLock,
-        flags: u32,
-        sleep: bool,
-        uid: u32,
-    ) -> io::Result<()> {
-        let f = self.file(inode, handle, "lock", uid)?;
-        if flags & LK_FLOCK != 0 {
-            let mut op = match i32::try_from(lock.lock_type).unwrap_or(-1) {
-                libc::F_RDLCK => libc::LOCK_SH,
-                libc::F_WRLCK => libc::LOCK_EX,
-                libc::F_UNLCK => libc::LOCK_UN,
-                _ => return Err(errno(libc::EINVAL)),
-            };
-            if !sleep {
-                op |= libc::LOCK_NB;
-            }
-            f.file.flock(op, owner)?;
-            if sleep && op != libc::LOCK_UN {
-                self.after_lock_wait(&f, uid, || f.file.flock(libc::LOCK_UN, owner))?;
-            }
-            return Ok(());
-        }
-        let fl = to_flock(&lock)?;
-        f.locked.store(true, Ordering::Relaxed);
-        f.file.setlk(&fl, owner, sleep)?;
-        if sleep && i32::from(fl.l_type) != libc::F_UNLCK {
-            let unlock = libc::flock {
-                l_type: libc::F_UNLCK as i16,
-                ..fl
-            };
-            self.after_lock_wait(&f, uid, || f.file.setlk(&unlock, owner, false))?;
-        }
-        Ok(())
-    }
-
-    /// A lock granted after waiting (SETLKW, a blocking flock) may have waited across a
-    /// quarantine: the gate is asked again, and a lock the guest may no longer have is
-    /// given back (EACCES).
-    fn after_lock_wait(
-        &self,
-        f: &OpenFile,
-        uid: u32,
-        unlock: impl FnOnce() -> Result<(), ceph_client::CephError>,
-    ) -> io::Result<()> {
-        match self.gate(self.domain_of(&f.node), "lock", uid) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                if let Err(u) = unlock() {
-                    tracing::warn!(%u, "giving back a lock granted after a quarantine");
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// Server-side copy: the data moves inside the daemon, never through the guest.
-    #[allow(clippy::too_many_arguments)]
-    pub fn copy_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-    ) -> io::Result<usize> {
-        range(off_in, len)?;
-        range(off_out, len)?;
-        let fi = self.file(ino_in, fh_in, "copy_file_range", ctx.uid)?;
-        let fo = self.file(ino_out, fh_out, "copy_file_range", ctx.uid)?;
-        self.note_buffered(&fi);
-        let (target, bypassed) = self.write_target(&fo);
-        if self.killpriv_on() {
-            let node = self.node(ino_out)?;
-            self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
-        }
-        // The kernel caps one request at a size_t-sized count; we move at most u32::MAX bytes
-        // per request (the reply field is 32 bits) in 1 MiB steps.
-        let total = len.min(u64::from(u32::MAX)) as usize;
-        let mut buf = vec![0u8; COPY_CHUNK.min(total.max(1))];
-        let mut done = 0usize;
-        while done < total {
-            // A copy of up to 4 GiB outlives the propagation bound: the gate is asked for
-            // every chunk, and a quarantine ends it there (short count, or EACCES at once).
-            if done > 0 {
-                let gates = self
-                    .gate(self.domain_of(&fi.node), "copy_file_range", ctx.uid)
-                    .and_then(|()| self.gate(self.domain_of(&fo.node), "copy_file_range", ctx.uid));
-                if gates.is_err() {
-                    break;
-                }
-            }
-            let want = (total - done).min(buf.len());
-            let n = fi.file.read(off_in + done as u64, &mut buf[..want])?;
-            if n == 0 {
-                break;
-            }
-            write_all(target, off_out + done as u64, &buf[..n])?;
-            if bypassed {
-                self.after_direct_write(&fo, off_out + done as u64, n)?;
-            }
-            done += n;
-        }
-        Ok(done)
-    }
-
-    /// SYNCFS: flush everything this client has dirty.
-    pub fn sync_all(&self) -> io::Result<()> {
-        Ok(self.mount.sync_fs()?)
+        self.do_setlkw(ctx, inode, handle, owner, lock, flags)
     }
 }
 
@@ -2486,67 +2047,6 @@ fn mknod_allowed(mode: u32, devices: bool) -> io::Result<()> {
     }
 }
 
-/// Write all of `buf` at `off` (libcephfs may write less than asked).
-fn write_all(f: &File, off: u64, buf: &[u8]) -> io::Result<()> {
-    let mut w = 0;
-    while w < buf.len() {
-        let m = f.write(off + w as u64, &buf[w..])?;
-        if m == 0 {
-            return Err(errno(libc::EIO));
-        }
-        w += m;
-    }
-    Ok(())
-}
-
-fn whole_file_lock(kind: i32) -> libc::flock {
-    libc::flock {
-        l_type: kind as i16,
-        l_whence: libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    }
-}
-
-/// FUSE lock range [start, end] (end = OFFSET_MAX for "to EOF") as a struct flock.
-fn to_flock(lock: &FileLock) -> io::Result<libc::flock> {
-    let start = i64::try_from(lock.start).map_err(|_| errno(libc::EINVAL))?;
-    let len = if lock.end >= i64::MAX as u64 {
-        0
-    } else if lock.end < lock.start {
-        return Err(errno(libc::EINVAL));
-    } else {
-        i64::try_from(lock.end - lock.start + 1).map_err(|_| errno(libc::EINVAL))?
-    };
-    let l_type = i16::try_from(lock.lock_type).map_err(|_| errno(libc::EINVAL))?;
-    if ![libc::F_RDLCK, libc::F_WRLCK, libc::F_UNLCK].contains(&i32::from(l_type)) {
-        return Err(errno(libc::EINVAL));
-    }
-    Ok(libc::flock {
-        l_type,
-        l_whence: libc::SEEK_SET as i16,
-        l_start: start,
-        l_len: len,
-        l_pid: i32::try_from(lock.pid).unwrap_or(0),
-    })
-}
-
-fn from_flock(fl: &libc::flock) -> FileLock {
-    let start = u64::try_from(fl.l_start).unwrap_or(0);
-    let end = if fl.l_len <= 0 {
-        i64::MAX as u64
-    } else {
-        start.saturating_add(fl.l_len as u64 - 1)
-    };
-    FileLock {
-        start,
-        end,
-        lock_type: u32::try_from(fl.l_type).unwrap_or(libc::F_UNLCK as u32),
-        pid: u32::try_from(fl.l_pid).unwrap_or(0),
-    }
-}
-
 /// access(2) against the attributes, for the caller's uid and primary gid (FUSE does not carry
 /// supplementary groups). root may read/write anything and execute what has any x bit.
 pub fn access_allowed(st: &Statx, uid: u32, gid: u32, mask: u32) -> bool {
@@ -2567,32 +2067,6 @@ pub fn access_allowed(st: &Statx, uid: u32, gid: u32, mask: u32) -> bool {
         mode & 7
     };
     bits & mask == mask
-}
-
-impl crate::server::wire::ExtraOps for CephFs {
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> io::Result<usize> {
-        // copy_file_range(2) defines no flags yet.
-        if flags != 0 {
-            return Err(errno(libc::EINVAL));
-        }
-        self.copy_range(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len)
-    }
-
-    fn syncfs(&self, _ctx: &Context, ino: u64) -> io::Result<()> {
-        self.node(ino)?;
-        self.sync_all()
-    }
 }
 
 #[cfg(test)]
@@ -2670,47 +2144,6 @@ mod tests {
         assert!(access_allowed(&f, 2000, 200, 0), "F_OK");
     }
 
-    #[test]
-    fn lock_ranges_convert_both_ways() {
-        let l = FileLock {
-            start: 10,
-            end: 19,
-            lock_type: libc::F_WRLCK as u32,
-            pid: 42,
-        };
-        let fl = to_flock(&l).unwrap();
-        assert_eq!((fl.l_start, fl.l_len), (10, 10));
-        let back = from_flock(&fl);
-        assert_eq!((back.start, back.end, back.pid), (10, 19, 42));
-        let eof = FileLock {
-            start: 5,
-            end: u64::MAX,
-            lock_type: libc::F_RDLCK as u32,
-            pid: 1,
-        };
-        assert_eq!(to_flock(&eof).unwrap().l_len, 0);
-        assert_eq!(from_flock(&to_flock(&eof).unwrap()).end, i64::MAX as u64);
-        let bad = FileLock {
-            start: 20,
-            end: 10,
-            ..l
-        };
-        assert_eq!(
-            to_flock(&bad).unwrap_err().raw_os_error(),
-            Some(libc::EINVAL)
-        );
-        let past = FileLock {
-            start: u64::MAX - 1,
-            ..l
-        };
-        assert_eq!(
-            to_flock(&past).unwrap_err().raw_os_error(),
-            Some(libc::EINVAL)
-        );
-        let kind = FileLock { lock_type: 99, ..l };
-        assert!(to_flock(&kind).is_err());
-    }
-
     fn attr() -> stat64 {
         let mut a = to_stat(&Statx::default());
         a.st_size = 4123;
@@ -2778,6 +2211,121 @@ mod tests {
             CEPH_SETATTR_MODE | CEPH_SETATTR_UID | CEPH_SETATTR_CTIME
         );
         assert_eq!(st.stx_ctime, NOW);
+    }
+
+    /// Each SETATTR valid bit alone: the field it sets and the mask it asks for.
+    #[test]
+    fn each_setattr_bit_sets_its_field() {
+        let mut a = attr();
+        a.st_mode = libc::S_IFREG | 0o4755;
+        a.st_uid = 1001;
+        a.st_gid = 1002;
+        a.st_atime = 111;
+        a.st_atime_nsec = 1;
+        a.st_ctime = 333;
+        a.st_ctime_nsec = 3;
+        let req = |v| setattr_request(&a, v, NOW).unwrap();
+        let ts = |tv_sec, tv_nsec| ceph_client::Timespec { tv_sec, tv_nsec };
+
+        // MODE: permission and special bits only (never the type); ctime now.
+        let (st, mask) = req(SetattrValid::MODE);
+        assert_eq!(mask, CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME);
+        assert_eq!((st.stx_mode, st.stx_ctime), (0o4755, NOW));
+        // UID, GID: the owner; ctime now.
+        let (st, mask) = req(SetattrValid::UID);
+        assert_eq!(mask, CEPH_SETATTR_UID | CEPH_SETATTR_CTIME);
+        assert_eq!((st.stx_uid, st.stx_ctime), (1001, NOW));
+        let (st, mask) = req(SetattrValid::GID);
+        assert_eq!(mask, CEPH_SETATTR_GID | CEPH_SETATTR_CTIME);
+        assert_eq!((st.stx_gid, st.stx_ctime), (1002, NOW));
+        // SIZE: the size, and mtime now (see a_size_change_alone_sets_mtime_to_now).
+        let (st, mask) = req(SetattrValid::SIZE);
+        assert_eq!(
+            mask,
+            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW
+        );
+        assert_eq!((st.stx_size, st.stx_mtime), (4123, NOW));
+        // ATIME, MTIME: explicit times, no NOW bit, no ctime (libcephfs sets it).
+        let (st, mask) = req(SetattrValid::ATIME);
+        assert_eq!((mask, st.stx_atime), (CEPH_SETATTR_ATIME, ts(111, 1)));
+        let (st, mask) = req(SetattrValid::MTIME);
+        assert_eq!(
+            (mask, st.stx_mtime),
+            (CEPH_SETATTR_MTIME, ts(978_307_200, 5))
+        );
+        // ATIME_NOW, MTIME_NOW: now, with the NOW bit (also without ATIME/MTIME).
+        let (st, mask) = req(SetattrValid::ATIME_NOW);
+        assert_eq!(
+            (mask, st.stx_atime),
+            (CEPH_SETATTR_ATIME | CEPH_SETATTR_ATIME_NOW, NOW)
+        );
+        let (st, mask) = req(SetattrValid::MTIME_NOW);
+        assert_eq!(
+            (mask, st.stx_mtime),
+            (CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW, NOW)
+        );
+        // CTIME: the explicit ctime, kept (no now).
+        let (st, mask) = req(SetattrValid::CTIME);
+        assert_eq!((mask, st.stx_ctime), (CEPH_SETATTR_CTIME, ts(333, 3)));
+        // An explicit ctime wins over the "ctime now" of a mode change.
+        let (st, mask) = req(SetattrValid::MODE | SetattrValid::CTIME);
+        assert_eq!(mask, CEPH_SETATTR_MODE | CEPH_SETATTR_CTIME);
+        assert_eq!(st.stx_ctime, ts(333, 3));
+        // KILL_SUIDGID sets no field of its own: the setuid/setgid clearing it asks for is
+        // decided against the inode's mode (`CephFs::setattr_kill`).
+        assert_eq!(req(SetattrValid::KILL_SUIDGID).1, 0);
+        assert_eq!(req(SetattrValid::empty()).1, 0);
+    }
+
+    #[test]
+    fn ftruncate_through_a_handle_sets_size_and_times_to_now_only() {
+        let (st, mask) = setattr_request(&attr(), SetattrValid::SIZE, NOW).unwrap();
+        // ftruncate(2): size, mtime now; ctime is libcephfs's to set (root may not choose it).
+        let (ft, fmask) = ftruncate_request(&st, mask | CEPH_SETATTR_CTIME, NOW).unwrap();
+        assert_eq!(
+            fmask,
+            CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW
+        );
+        assert_eq!((ft.stx_size, ft.stx_mtime), (4123, NOW));
+        // An explicit mtime with the size becomes now: root could set any.
+        let v = SetattrValid::SIZE | SetattrValid::MTIME;
+        let (st, mask) = setattr_request(&attr(), v, NOW).unwrap();
+        let (ft, fmask) = ftruncate_request(&st, mask, NOW).unwrap();
+        assert_eq!(
+            (fmask, ft.stx_mtime),
+            (
+                CEPH_SETATTR_SIZE | CEPH_SETATTR_MTIME | CEPH_SETATTR_MTIME_NOW,
+                NOW
+            )
+        );
+        // The kill bit stays.
+        let (_, fmask) = ftruncate_request(&st, mask | CEPH_SETATTR_KILL_SGUID, NOW).unwrap();
+        assert_ne!(fmask & CEPH_SETATTR_KILL_SGUID, 0);
+        // Anything more than a size change (and its times), or no size: the caller's rights.
+        for v in [
+            SetattrValid::SIZE | SetattrValid::MODE,
+            SetattrValid::SIZE | SetattrValid::UID,
+            SetattrValid::SIZE | SetattrValid::ATIME,
+            SetattrValid::MTIME,
+        ] {
+            let (st, mask) = setattr_request(&attr(), v, NOW).unwrap();
+            assert!(ftruncate_request(&st, mask, NOW).is_none(), "{v:?}");
+        }
+    }
+
+    #[test]
+    fn only_a_plain_chmod_g_plus_s_by_a_non_root_caller_goes_as_root() {
+        let mut a = attr();
+        a.st_mode = libc::S_IFREG | 0o2755;
+        let (st, mask) = setattr_request(&a, SetattrValid::MODE, NOW).unwrap();
+        assert!(chmod_sets_sgid(&st, mask, 1000));
+        assert!(!chmod_sets_sgid(&st, mask, 0), "root needs no help");
+        let (st2, mask2) =
+            setattr_request(&a, SetattrValid::MODE | SetattrValid::UID, NOW).unwrap();
+        assert!(!chmod_sets_sgid(&st2, mask2, 1000), "not a plain chmod");
+        a.st_mode = libc::S_IFREG | 0o4755;
+        let (st, mask) = setattr_request(&a, SetattrValid::MODE, NOW).unwrap();
+        assert!(!chmod_sets_sgid(&st, mask, 1000), "no setgid");
     }
 
     #[test]

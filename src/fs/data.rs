@@ -1,0 +1,317 @@
+//! Data: READ and WRITE (zero-copy between guest memory and libcephfs through [`CephIo`]),
+//! FSYNC, FALLOCATE, LSEEK, COPY_FILE_RANGE and SYNCFS, and the coherence of libcephfs's object
+//! cache with a guest's O_DIRECT writers.
+
+use super::*;
+
+/// Chunk of a server-side copy.
+const COPY_CHUNK: usize = 1 << 20;
+
+impl CephFs {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn do_read(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        w: &mut dyn ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _flags: u32,
+    ) -> io::Result<usize> {
+        range(offset, u64::from(size))?;
+        let f = self.file(inode, handle, "read", ctx.uid)?;
+        self.note_buffered(&f);
+        w.write_from(&mut CephIo(&f.file), size as usize, offset)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn do_write(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _delayed_write: bool,
+        _flags: u32,
+        fuse_flags: u32,
+    ) -> io::Result<usize> {
+        range(offset, u64::from(size))?;
+        let f = self.file(inode, handle, "write", ctx.uid)?;
+        if self.killpriv_on() {
+            let node = self.node(inode)?;
+            self.kill_privs(
+                &node,
+                Trigger::Write,
+                fuse_flags & WRITE_KILL_PRIV != 0,
+                &self.perm(ctx),
+            )?;
+        }
+        let (target, bypassed) = self.write_target(&f);
+        let n = r.read_to(&mut CephIo(target), size as usize, offset)?;
+        if bypassed {
+            self.after_direct_write(&f, offset, n)?;
+        }
+        Ok(n)
+    }
+
+    pub(super) fn do_fsync(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        datasync: bool,
+        handle: u64,
+    ) -> io::Result<()> {
+        let f = self.file(inode, handle, "fsync", ctx.uid)?;
+        Ok(f.file.fsync(datasync)?)
+    }
+
+    pub(super) fn do_fallocate(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        mode: u32,
+        offset: u64,
+        length: u64,
+    ) -> io::Result<()> {
+        range(offset, length)?;
+        let f = self.file(inode, handle, "fallocate", ctx.uid)?;
+        let mode = i32::try_from(mode).map_err(|_| errno(libc::EOPNOTSUPP))?;
+        // fallocate(2) modifies the file as a write does (Linux's file_modified): SB_NOSEC
+        // leaves the kill to us. FALLOCATE carries no kill flag: a caller other than root is
+        // taken to lack CAP_FSETID, as for copy_file_range.
+        if self.killpriv_on() {
+            let node = self.node(inode)?;
+            self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
+        }
+        Ok(f.file.fallocate(mode, offset, length)?)
+    }
+
+    pub(super) fn do_lseek(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        offset: u64,
+        whence: u32,
+    ) -> io::Result<u64> {
+        let off = to_off(offset)?;
+        let f = self.file(inode, handle, "lseek", ctx.uid)?;
+        let whence = i32::try_from(whence).map_err(|_| errno(libc::EINVAL))?;
+        Ok(f.file.lseek(off, whence)?)
+    }
+
+    /// The O_DSYNC twin of an O_DIRECT handle open for writing (see [`OpenFile::writer`]).
+    /// Opened with root credentials: the caller's open was already allowed, and a file
+    /// created with mode 0 stays writable through the descriptor that created it. libcephfs
+    /// opens it locally under the caps the first open got: no MDS request.
+    pub(super) fn direct_writer(&self, node: &Node, oflags: i32) -> io::Result<Option<File>> {
+        if oflags & libc::O_DIRECT == 0 || oflags & libc::O_ACCMODE == libc::O_RDONLY {
+            return Ok(None);
+        }
+        let keep = libc::O_ACCMODE | libc::O_APPEND;
+        let flags = (oflags & keep) | libc::O_DSYNC;
+        Ok(Some(self.mount.open(
+            &node.inode,
+            flags,
+            &self.perms.get(0, 0),
+        )?))
+    }
+
+    /// Buffered I/O is about to go through `f`: from now on its inode's data may be in
+    /// libcephfs's object cache. One relaxed load per request once noted.
+    fn note_buffered(&self, f: &OpenFile) {
+        if f.direct || f.noted.load(Ordering::Relaxed) {
+            return;
+        }
+        f.noted.store(true, Ordering::Relaxed);
+        if self.cached.mark(f.ino) {
+            self.cached
+                .prune(f.ino, |ino| self.mount.cached_inode(ino).is_some());
+        }
+    }
+
+    /// The libcephfs handle a write through `f` goes to, and whether it bypasses the cache
+    /// (then [`Self::after_direct_write`] must follow). An O_DIRECT write of an inode whose
+    /// data the cache may hold goes through the cache (see [`OpenFile::writer`]).
+    fn write_target<'a>(&self, f: &'a OpenFile) -> (&'a File, bool) {
+        match &f.writer {
+            Some(twin) if self.cached.contains(f.ino) => (twin, false),
+            Some(_) => (&f.file, true),
+            None => {
+                self.note_buffered(f);
+                (&f.file, false)
+            }
+        }
+    }
+
+    /// After a write that bypassed libcephfs's cache: if buffered I/O of the inode began while
+    /// it ran, the cache may have read the old bytes of the range meanwhile. Write the range
+    /// again through the cache, as read back from the OSDs (rare: a buffered reader racing a
+    /// direct writer of the same file).
+    fn after_direct_write(&self, f: &OpenFile, off: u64, len: usize) -> io::Result<()> {
+        let Some(twin) = &f.writer else {
+            return Ok(());
+        };
+        if len == 0 || !self.cached.contains(f.ino) {
+            return Ok(());
+        }
+        let mut buf = vec![0u8; len];
+        let n = f.file.read(off, &mut buf)?;
+        write_all(twin, off, &buf[..n])
+    }
+
+    /// Server-side copy: the data moves inside the daemon, never through the guest.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> io::Result<usize> {
+        range(off_in, len)?;
+        range(off_out, len)?;
+        let fi = self.file(ino_in, fh_in, "copy_file_range", ctx.uid)?;
+        let fo = self.file(ino_out, fh_out, "copy_file_range", ctx.uid)?;
+        self.note_buffered(&fi);
+        let (target, bypassed) = self.write_target(&fo);
+        if self.killpriv_on() {
+            let node = self.node(ino_out)?;
+            self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
+        }
+        // The kernel caps one request at a size_t-sized count; we move at most u32::MAX bytes
+        // per request (the reply field is 32 bits) in 1 MiB steps.
+        let total = len.min(u64::from(u32::MAX)) as usize;
+        let mut buf = vec![0u8; COPY_CHUNK.min(total.max(1))];
+        let mut done = 0usize;
+        while done < total {
+            // A copy of up to 4 GiB outlives the propagation bound: the gate is asked for
+            // every chunk, and a quarantine ends it there (short count, or EACCES at once).
+            if done > 0 {
+                let gates = self
+                    .gate(self.domain_of(&fi.node), "copy_file_range", ctx.uid)
+                    .and_then(|()| self.gate(self.domain_of(&fo.node), "copy_file_range", ctx.uid));
+                if gates.is_err() {
+                    break;
+                }
+            }
+            let want = (total - done).min(buf.len());
+            let n = fi.file.read(off_in + done as u64, &mut buf[..want])?;
+            if n == 0 {
+                break;
+            }
+            write_all(target, off_out + done as u64, &buf[..n])?;
+            if bypassed {
+                self.after_direct_write(&fo, off_out + done as u64, n)?;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    /// SYNCFS: flush everything this client has dirty.
+    pub fn sync_all(&self) -> io::Result<()> {
+        Ok(self.mount.sync_fs()?)
+    }
+}
+
+/// Write all of `buf` at `off` (libcephfs may write less than asked).
+fn write_all(f: &File, off: u64, buf: &[u8]) -> io::Result<()> {
+    let mut w = 0;
+    while w < buf.len() {
+        let m = f.write(off + w as u64, &buf[w..])?;
+        if m == 0 {
+            return Err(errno(libc::EIO));
+        }
+        w += m;
+    }
+    Ok(())
+}
+
+/// A libcephfs file seen as a fuse-backend-rs zero-copy source/sink: READ and WRITE move data
+/// between guest memory and libcephfs with one readv/writev and no bounce buffer.
+struct CephIo<'a>(&'a File);
+
+impl CephIo<'_> {
+    fn iovecs(bufs: &[FileVolatileSlice]) -> Vec<libc::iovec> {
+        bufs.iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr().cast(),
+                iov_len: b.len(),
+            })
+            .collect()
+    }
+}
+
+impl FileReadWriteVolatile for CephIo<'_> {
+    fn read_volatile(&mut self, _slice: FileVolatileSlice) -> io::Result<usize> {
+        Err(errno(libc::ESPIPE))
+    }
+    fn write_volatile(&mut self, _slice: FileVolatileSlice) -> io::Result<usize> {
+        Err(errno(libc::ESPIPE))
+    }
+    fn read_at_volatile(&mut self, slice: FileVolatileSlice, off: u64) -> io::Result<usize> {
+        self.read_vectored_at_volatile(&[slice], off)
+    }
+    fn write_at_volatile(&mut self, slice: FileVolatileSlice, off: u64) -> io::Result<usize> {
+        self.write_vectored_at_volatile(&[slice], off)
+    }
+    fn read_vectored_at_volatile(
+        &mut self,
+        bufs: &[FileVolatileSlice],
+        off: u64,
+    ) -> io::Result<usize> {
+        let iov = Self::iovecs(bufs);
+        // SAFETY: each iovec describes a FileVolatileSlice of guest memory that fuse-backend-rs
+        // validated against the descriptor chain and keeps mapped for the duration of this call;
+        // libcephfs writes at most iov_len bytes into each and keeps no pointer after returning.
+        let n = unsafe { self.0.readv_raw(iov.as_ptr(), iov.len(), to_off(off)?) }?;
+        Ok(n)
+    }
+    fn write_vectored_at_volatile(
+        &mut self,
+        bufs: &[FileVolatileSlice],
+        off: u64,
+    ) -> io::Result<usize> {
+        let iov = Self::iovecs(bufs);
+        // SAFETY: as above; libcephfs only reads the described guest memory during the call.
+        let n = unsafe { self.0.writev_raw(iov.as_ptr(), iov.len(), to_off(off)?) }?;
+        Ok(n)
+    }
+}
+
+impl crate::server::wire::ExtraOps for CephFs {
+    fn copy_file_range(
+        &self,
+        ctx: &Context,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+        flags: u64,
+    ) -> io::Result<usize> {
+        // copy_file_range(2) defines no flags yet.
+        if flags != 0 {
+            return Err(errno(libc::EINVAL));
+        }
+        self.copy_range(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len)
+    }
+
+    fn syncfs(&self, _ctx: &Context, ino: u64) -> io::Result<()> {
+        self.node(ino)?;
+        self.sync_all()
+    }
+}

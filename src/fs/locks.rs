@@ -1,0 +1,217 @@
+//! Locks: POSIX byte-range locks (GETLK, SETLK, SETLKW), BSD flock (SETLK/SETLKW with
+//! LK_FLOCK), the release of a closing owner's locks at FLUSH, and the conversions between
+//! FUSE's lock ranges and `struct flock`.
+
+use super::*;
+
+impl CephFs {
+    pub(super) fn do_flush(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        lock_owner: u64,
+    ) -> io::Result<()> {
+        let f = self.file(inode, handle, "flush", ctx.uid)?;
+        // close() releases the POSIX locks of the closing owner, as the local kernel would.
+        if f.locked.load(Ordering::Relaxed) {
+            let unlock = whole_file_lock(libc::F_UNLCK);
+            f.file.setlk(&unlock, lock_owner, false)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn do_getlk(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        _flags: u32,
+    ) -> io::Result<FileLock> {
+        let f = self.file(inode, handle, "getlk", ctx.uid)?;
+        let mut fl = to_flock(&lock)?;
+        f.file.getlk(&mut fl, owner)?;
+        Ok(from_flock(&fl))
+    }
+
+    pub(super) fn do_setlk(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.set_lock(inode, handle, owner, lock, flags, false, ctx.uid)
+    }
+
+    pub(super) fn do_setlkw(
+        &self,
+        ctx: &Context,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.set_lock(inode, handle, owner, lock, flags, true, ctx.uid)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn set_lock(
+        &self,
+        inode: u64,
+        handle: u64,
+        owner: u64,
+        lock: FileLock,
+        flags: u32,
+        sleep: bool,
+        uid: u32,
+    ) -> io::Result<()> {
+        let f = self.file(inode, handle, "lock", uid)?;
+        if flags & LK_FLOCK != 0 {
+            let mut op = match i32::try_from(lock.lock_type).unwrap_or(-1) {
+                libc::F_RDLCK => libc::LOCK_SH,
+                libc::F_WRLCK => libc::LOCK_EX,
+                libc::F_UNLCK => libc::LOCK_UN,
+                _ => return Err(errno(libc::EINVAL)),
+            };
+            if !sleep {
+                op |= libc::LOCK_NB;
+            }
+            f.file.flock(op, owner)?;
+            if sleep && op != libc::LOCK_UN {
+                self.after_lock_wait(&f, uid, || f.file.flock(libc::LOCK_UN, owner))?;
+            }
+            return Ok(());
+        }
+        let fl = to_flock(&lock)?;
+        f.locked.store(true, Ordering::Relaxed);
+        f.file.setlk(&fl, owner, sleep)?;
+        if sleep && i32::from(fl.l_type) != libc::F_UNLCK {
+            let unlock = libc::flock {
+                l_type: libc::F_UNLCK as i16,
+                ..fl
+            };
+            self.after_lock_wait(&f, uid, || f.file.setlk(&unlock, owner, false))?;
+        }
+        Ok(())
+    }
+
+    /// A lock granted after waiting (SETLKW, a blocking flock) may have waited across a
+    /// quarantine: the gate is asked again, and a lock the guest may no longer have is
+    /// given back (EACCES).
+    fn after_lock_wait(
+        &self,
+        f: &OpenFile,
+        uid: u32,
+        unlock: impl FnOnce() -> Result<(), ceph_client::CephError>,
+    ) -> io::Result<()> {
+        match self.gate(self.domain_of(&f.node), "lock", uid) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                if let Err(u) = unlock() {
+                    tracing::warn!(%u, "giving back a lock granted after a quarantine");
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+fn whole_file_lock(kind: i32) -> libc::flock {
+    libc::flock {
+        l_type: kind as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    }
+}
+
+/// FUSE lock range [start, end] (end = OFFSET_MAX for "to EOF") as a struct flock.
+fn to_flock(lock: &FileLock) -> io::Result<libc::flock> {
+    let start = i64::try_from(lock.start).map_err(|_| errno(libc::EINVAL))?;
+    let len = if lock.end >= i64::MAX as u64 {
+        0
+    } else if lock.end < lock.start {
+        return Err(errno(libc::EINVAL));
+    } else {
+        i64::try_from(lock.end - lock.start + 1).map_err(|_| errno(libc::EINVAL))?
+    };
+    let l_type = i16::try_from(lock.lock_type).map_err(|_| errno(libc::EINVAL))?;
+    if ![libc::F_RDLCK, libc::F_WRLCK, libc::F_UNLCK].contains(&i32::from(l_type)) {
+        return Err(errno(libc::EINVAL));
+    }
+    Ok(libc::flock {
+        l_type,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: start,
+        l_len: len,
+        l_pid: i32::try_from(lock.pid).unwrap_or(0),
+    })
+}
+
+fn from_flock(fl: &libc::flock) -> FileLock {
+    let start = u64::try_from(fl.l_start).unwrap_or(0);
+    let end = if fl.l_len <= 0 {
+        i64::MAX as u64
+    } else {
+        start.saturating_add(fl.l_len as u64 - 1)
+    };
+    FileLock {
+        start,
+        end,
+        lock_type: u32::try_from(fl.l_type).unwrap_or(libc::F_UNLCK as u32),
+        pid: u32::try_from(fl.l_pid).unwrap_or(0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lock_ranges_convert_both_ways() {
+        let l = FileLock {
+            start: 10,
+            end: 19,
+            lock_type: libc::F_WRLCK as u32,
+            pid: 42,
+        };
+        let fl = to_flock(&l).unwrap();
+        assert_eq!((fl.l_start, fl.l_len), (10, 10));
+        let back = from_flock(&fl);
+        assert_eq!((back.start, back.end, back.pid), (10, 19, 42));
+        let eof = FileLock {
+            start: 5,
+            end: u64::MAX,
+            lock_type: libc::F_RDLCK as u32,
+            pid: 1,
+        };
+        assert_eq!(to_flock(&eof).unwrap().l_len, 0);
+        assert_eq!(from_flock(&to_flock(&eof).unwrap()).end, i64::MAX as u64);
+        let bad = FileLock {
+            start: 20,
+            end: 10,
+            ..l
+        };
+        assert_eq!(
+            to_flock(&bad).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+        let past = FileLock {
+            start: u64::MAX - 1,
+            ..l
+        };
+        assert_eq!(
+            to_flock(&past).unwrap_err().raw_os_error(),
+            Some(libc::EINVAL)
+        );
+        let kind = FileLock { lock_type: 99, ..l };
+        assert!(to_flock(&kind).is_err());
+    }
+}
