@@ -43,18 +43,9 @@
 // As in the daemon: no unwrap/expect, no panicking indexing, no lossy or silent `as` (pointer
 // casts use `cast`); allow a lint only on the item that needs it, with the reason. Unit tests
 // are exempt.
-#![deny(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::indexing_slicing,
-    clippy::cast_possible_truncation,
-    clippy::cast_possible_wrap,
-    clippy::cast_sign_loss,
-    clippy::as_conversions
-)]
 #![cfg_attr(
-    test,
-    allow(
+    not(test),
+    deny(
         clippy::unwrap_used,
         clippy::expect_used,
         clippy::indexing_slicing,
