@@ -1,4 +1,4 @@
-//! Command-line types, and nothing else: clap parses them, `config.rs` validates them.
+//! Command-line types, and nothing else: clap parses them, `config` validates them.
 //!
 //! The option names follow the Rust virtiofsd, so that libvirt, Kata and hand-written QEMU
 //! scripts can start ceph-virtiofsd in its place. Options of virtiofsd that mean nothing for a

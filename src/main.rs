@@ -1,6 +1,23 @@
 //! ceph-virtiofsd entry point: parse, validate, set up logging, run, map errors to exit codes.
 //! Exit codes are documented on [`ceph_virtiofsd::Exit`].
 
+// Nothing a guest sends may panic the daemon or be silently truncated: no unwrap/expect, no
+// indexing or slicing that can panic, no lossy or silent `as`. Use `get`, `try_from` with a
+// real errno, and `unwrap_or_else(|e| e.into_inner())` on a poisoned lock; allow a lint only on
+// the item that needs it, with a one-line reason. Unit tests are exempt.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        clippy::cast_sign_loss,
+        clippy::as_conversions
+    )
+)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

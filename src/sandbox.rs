@@ -363,8 +363,9 @@ pub fn build_filter(mismatch: SeccompAction) -> Result<BpfProgram, SandboxError>
 /// ioctl: only the descriptor-flag and non-blocking requests (never terminal ioctls such as
 /// TIOCSTI on an inherited tty); prctl: only thread names.
 pub fn restricted_syscalls() -> Vec<(i64, u8, &'static [u64])> {
-    // The request constants are c_ulong on glibc and c_int on musl: the casts are per libc.
-    #[allow(clippy::unnecessary_cast)]
+    // The request constants are c_ulong on glibc and c_int on musl: the casts are per libc, in
+    // consts (no `From` there), of positive values that fit u64.
+    #[allow(clippy::unnecessary_cast, clippy::as_conversions)]
     const IOCTLS: &[u64] = &[
         libc::FIONBIO as u64,
         libc::FIOCLEX as u64,
@@ -372,6 +373,7 @@ pub fn restricted_syscalls() -> Vec<(i64, u8, &'static [u64])> {
         libc::FIONREAD as u64,
         libc::TCGETS as u64, // isatty()
     ];
+    #[allow(clippy::as_conversions)] // c_int constants, positive, in a const
     const PRCTLS: &[u64] = &[libc::PR_SET_NAME as u64, libc::PR_GET_NAME as u64];
     vec![(libc::SYS_ioctl, 1, IOCTLS), (libc::SYS_prctl, 0, PRCTLS)]
 }

@@ -418,7 +418,7 @@ fn peek<S: BitmapSlice>(r: &mut Reader<'_, S>, buf: &mut [u8]) -> usize {
 }
 
 /// A lock's end at or past this means "to end of file": Linux sends OFFSET_MAX (i64::MAX).
-const TO_END_OF_FILE: u64 = i64::MAX as u64;
+const TO_END_OF_FILE: u64 = i64::MAX.unsigned_abs();
 
 /// Where a request's in-struct keeps the handle, offset and size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,25 +442,17 @@ impl ArgsLayout {
     const PEEK: usize = 48;
 
     fn of(opcode: u32) -> Self {
-        use fuse_backend_rs::abi::fuse_abi::Opcode;
-        const READ: u32 = Opcode::Read as u32;
-        const WRITE: u32 = Opcode::Write as u32;
-        const READDIR: u32 = Opcode::Readdir as u32;
-        const READDIRPLUS: u32 = Opcode::Readdirplus as u32;
-        const FALLOCATE: u32 = Opcode::Fallocate as u32;
-        const LSEEK: u32 = Opcode::Lseek as u32;
-        const FSYNC: u32 = Opcode::Fsync as u32;
-        const FSYNCDIR: u32 = Opcode::Fsyncdir as u32;
-        const FLUSH: u32 = Opcode::Flush as u32;
-        const RELEASE: u32 = Opcode::Release as u32;
-        const RELEASEDIR: u32 = Opcode::Releasedir as u32;
-        const GETLK: u32 = Opcode::Getlk as u32;
-        const SETLK: u32 = Opcode::Setlk as u32;
+        use wire::{
+            FUSE_FALLOCATE, FUSE_FLUSH, FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_GETLK, FUSE_LSEEK,
+            FUSE_READ, FUSE_READDIR, FUSE_READDIRPLUS, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_SETLK,
+            FUSE_WRITE,
+        };
         match opcode {
-            READ | WRITE | READDIR | READDIRPLUS => ArgsLayout::FhOffsetSize32,
-            FALLOCATE => ArgsLayout::FhOffsetSize64,
-            LSEEK | FSYNC | FSYNCDIR | FLUSH | RELEASE | RELEASEDIR => ArgsLayout::Fh,
-            GETLK | SETLK | FUSE_SETLKW => ArgsLayout::Lock,
+            FUSE_READ | FUSE_WRITE | FUSE_READDIR | FUSE_READDIRPLUS => ArgsLayout::FhOffsetSize32,
+            FUSE_FALLOCATE => ArgsLayout::FhOffsetSize64,
+            FUSE_LSEEK | FUSE_FSYNC | FUSE_FSYNCDIR | FUSE_FLUSH | FUSE_RELEASE
+            | FUSE_RELEASEDIR => ArgsLayout::Fh,
+            FUSE_GETLK | FUSE_SETLK | FUSE_SETLKW => ArgsLayout::Lock,
             FUSE_COPY_FILE_RANGE => ArgsLayout::CopyRange,
             _ => ArgsLayout::None,
         }

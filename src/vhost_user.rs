@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::abi::fuse_abi::{InHeader, Opcode};
+use fuse_backend_rs::abi::fuse_abi::InHeader;
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use tracing::{debug, error, warn};
@@ -486,15 +486,14 @@ enum Dispatch {
 
 impl Dispatch {
     fn of(opcode: Option<u32>) -> Self {
-        const READ: u32 = Opcode::Read as u32;
-        const WRITE: u32 = Opcode::Write as u32;
-        const FSYNC: u32 = Opcode::Fsync as u32;
-        const FSYNCDIR: u32 = Opcode::Fsyncdir as u32;
-        const FALLOCATE: u32 = Opcode::Fallocate as u32;
+        use crate::server::wire::{
+            FUSE_FALLOCATE, FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_READ, FUSE_WRITE,
+        };
         match opcode {
             Some(FUSE_SETLKW) => Dispatch::Waits,
             Some(
-                READ | WRITE | FSYNC | FSYNCDIR | FALLOCATE | FUSE_COPY_FILE_RANGE | FUSE_SYNCFS,
+                FUSE_READ | FUSE_WRITE | FUSE_FSYNC | FUSE_FSYNCDIR | FUSE_FALLOCATE
+                | FUSE_COPY_FILE_RANGE | FUSE_SYNCFS,
             ) => Dispatch::Blocks,
             _ => Dispatch::Quick,
         }

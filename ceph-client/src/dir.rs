@@ -105,7 +105,7 @@ impl Dir {
             .d_name
             .iter()
             .take_while(|&&c| c != 0)
-            .map(|&c| c as u8)
+            .map(|&c| u8::from_ne_bytes(c.to_ne_bytes()))
             .collect();
         Ok(Some(DirEntryPlus {
             name,

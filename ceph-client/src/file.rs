@@ -8,6 +8,7 @@ use crate::mount::Mount;
 use crate::sys;
 
 /// Largest single transfer passed to libcephfs (its read/write calls return `int`).
+#[allow(clippy::as_conversions)] // i32::MAX widens to usize; `From` is not const
 const MAX_IO: usize = i32::MAX as usize;
 
 fn to_i64(op: &'static str, v: u64) -> Result<i64> {
@@ -82,17 +83,11 @@ impl File {
         let fh = self.live("ceph_ll_read")?;
         let off = to_i64("ceph_ll_read", off)?;
         let len = buf.len().min(MAX_IO);
+        let len64 = u64::try_from(len).map_err(|_| CephError::new("ceph_ll_read", libc::EINVAL))?;
         // SAFETY: `buf` is writable for `len` bytes; the mount is live and `fh` open on it
         // (`live`).
-        let ret = unsafe {
-            sys::ceph_ll_read(
-                self.mount.raw(),
-                fh,
-                off,
-                len as u64,
-                buf.as_mut_ptr().cast(),
-            )
-        };
+        let ret =
+            unsafe { sys::ceph_ll_read(self.mount.raw(), fh, off, len64, buf.as_mut_ptr().cast()) };
         let n = check("ceph_ll_read", ret)?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
@@ -102,11 +97,12 @@ impl File {
         let fh = self.live("ceph_ll_write")?;
         let off = to_i64("ceph_ll_write", off)?;
         let len = buf.len().min(MAX_IO);
+        let len64 =
+            u64::try_from(len).map_err(|_| CephError::new("ceph_ll_write", libc::EINVAL))?;
         // SAFETY: `buf` is readable for `len` bytes; the mount is live and `fh` open on it
         // (`live`).
-        let ret = unsafe {
-            sys::ceph_ll_write(self.mount.raw(), fh, off, len as u64, buf.as_ptr().cast())
-        };
+        let ret =
+            unsafe { sys::ceph_ll_write(self.mount.raw(), fh, off, len64, buf.as_ptr().cast()) };
         let n = check("ceph_ll_write", ret)?;
         Ok(usize::try_from(n).unwrap_or(0))
     }
@@ -239,10 +235,13 @@ impl File {
             libc::LOCK_UN => libc::F_UNLCK,
             _ => return Err(CephError::new("ceph_ll_setlk", libc::EINVAL)),
         };
+        let short = |v: i32| {
+            libc::c_short::try_from(v).map_err(|_| CephError::new("ceph_ll_setlk", libc::EINVAL))
+        };
         // SAFETY: flock is plain old data; all-zero is a valid value.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = l_type as libc::c_short;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_type = short(l_type)?;
+        fl.l_whence = short(libc::SEEK_SET)?;
         fl.l_start = 0;
         fl.l_len = 0;
         self.setlk(&fl, owner, op & libc::LOCK_NB == 0)

@@ -40,6 +40,22 @@
 //! `io::Error::from(CephError)` is `from_raw_os_error(errno)`, so the errno reaches a FUSE
 //! guest intact.
 
+// As in the daemon: no unwrap/expect, no panicking indexing, no lossy or silent `as` (pointer
+// casts use `cast`); allow a lint only on the item that needs it, with the reason. Unit tests
+// are exempt.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::indexing_slicing,
+        clippy::cast_possible_truncation,
+        clippy::cast_possible_wrap,
+        clippy::cast_sign_loss,
+        clippy::as_conversions
+    )
+)]
+
 pub mod sys;
 
 mod dir;

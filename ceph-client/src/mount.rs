@@ -60,7 +60,7 @@ type HandlerBox = Box<dyn CallbackHandler>;
 unsafe extern "C" fn ino_cb(handle: *mut libc::c_void, ino: sys::vinodeno_t, off: i64, len: i64) {
     // SAFETY: `handle` is the `*const HandlerBox` registered in MountBuilder::mount; the box
     // lives in MountInner until after ceph_release, and libcephfs calls back only before that.
-    let h = unsafe { &*(handle as *const HandlerBox) };
+    let h = unsafe { &*handle.cast_const().cast::<HandlerBox>() };
     // Unwinding into C++ is undefined behaviour: a panicking handler is contained here.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         h.invalidate_inode(ino.into(), off, len)
@@ -75,7 +75,7 @@ unsafe extern "C" fn dentry_cb(
     len: libc::size_t,
 ) {
     // SAFETY: as in `ino_cb`.
-    let h = unsafe { &*(handle as *const HandlerBox) };
+    let h = unsafe { &*handle.cast_const().cast::<HandlerBox>() };
     let name: &[u8] = if name.is_null() || len == 0 {
         &[]
     } else {
@@ -90,7 +90,7 @@ unsafe extern "C" fn dentry_cb(
 
 unsafe extern "C" fn ino_release_cb(handle: *mut libc::c_void, ino: sys::vinodeno_t) {
     // SAFETY: as in `ino_cb`.
-    let h = unsafe { &*(handle as *const HandlerBox) };
+    let h = unsafe { &*handle.cast_const().cast::<HandlerBox>() };
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| h.release_inode(ino.into())));
 }
 
@@ -260,7 +260,7 @@ impl MountBuilder {
             let handle: *const HandlerBox = &**cb;
             let inval = cb.wants_invalidations();
             let mut args = sys::ceph_client_callback_args {
-                handle: handle as *mut libc::c_void,
+                handle: handle.cast_mut().cast(),
                 ino_cb: if inval { Some(ino_cb) } else { None },
                 dentry_cb: if inval { Some(dentry_cb) } else { None },
                 switch_intr_cb: None,

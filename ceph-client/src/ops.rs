@@ -139,7 +139,7 @@ impl Mount {
     /// `ceph_ll_readlink`: the symlink's target bytes.
     pub fn readlink(&self, inode: &Inode, perms: &UserPerm) -> Result<Vec<u8>> {
         let inode_p = inode.raw_on(self, "ceph_ll_readlink")?;
-        let mut size = libc::PATH_MAX as usize;
+        let mut size = usize::try_from(libc::PATH_MAX).unwrap_or(4096);
         loop {
             let mut buf = vec![0u8; size];
             // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `buf` writable for

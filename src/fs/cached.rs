@@ -43,7 +43,7 @@ impl Default for CachedInodes {
 impl CachedInodes {
     fn shard(&self, ino: u64) -> &Mutex<HashMap<u64, u64>> {
         // Inode numbers are sequential: the low bits spread them.
-        &self.shards[(ino % SHARDS as u64) as usize]
+        super::shard(&self.shards, ino)
     }
 
     /// Note that the cache may get data of `ino`. True when the shard has grown past its bound

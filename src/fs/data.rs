@@ -23,7 +23,7 @@ impl CephFs {
         range(offset, u64::from(size))?;
         let f = self.file(inode, handle, "read", ctx.uid)?;
         self.note_buffered(&f);
-        w.write_from(&mut CephIo(&f.file), size as usize, offset)
+        w.write_from(&mut CephIo(&f.file), to_len(size)?, offset)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -52,7 +52,7 @@ impl CephFs {
             )?;
         }
         let (target, bypassed) = self.write_target(&f);
-        let n = r.read_to(&mut CephIo(target), size as usize, offset)?;
+        let n = r.read_to(&mut CephIo(target), to_len(size)?, offset)?;
         if bypassed {
             self.after_direct_write(&f, offset, n)?;
         }
@@ -163,7 +163,7 @@ impl CephFs {
         }
         let mut buf = vec![0u8; len];
         let n = f.file.read(off, &mut buf)?;
-        write_all(twin, off, &buf[..n])
+        write_all(twin, off, read_part(&buf, n)?)
     }
 
     /// Server-side copy: the data moves inside the daemon, never through the guest.
@@ -191,7 +191,8 @@ impl CephFs {
         }
         // The kernel caps one request at a size_t-sized count; we move at most u32::MAX bytes
         // per request (the reply field is 32 bits) in 1 MiB steps.
-        let total = len.min(u64::from(u32::MAX)) as usize;
+        let total =
+            usize::try_from(len.min(u64::from(u32::MAX))).map_err(|_| errno(libc::EINVAL))?;
         let mut buf = vec![0u8; COPY_CHUNK.min(total.max(1))];
         let mut done = 0usize;
         while done < total {
@@ -206,13 +207,16 @@ impl CephFs {
                 }
             }
             let want = (total - done).min(buf.len());
-            let n = fi.file.read(off_in + done as u64, &mut buf[..want])?;
+            let n = fi.file.read(
+                off_in + len64(done),
+                buf.get_mut(..want).unwrap_or_default(),
+            )?;
             if n == 0 {
                 break;
             }
-            write_all(target, off_out + done as u64, &buf[..n])?;
+            write_all(target, off_out + len64(done), read_part(&buf, n)?)?;
             if bypassed {
-                self.after_direct_write(&fo, off_out + done as u64, n)?;
+                self.after_direct_write(&fo, off_out + len64(done), n)?;
             }
             done += n;
         }
@@ -227,15 +231,24 @@ impl CephFs {
 
 /// Write all of `buf` at `off` (libcephfs may write less than asked).
 fn write_all(f: &File, off: u64, buf: &[u8]) -> io::Result<()> {
-    let mut w = 0;
-    while w < buf.len() {
-        let m = f.write(off + w as u64, &buf[w..])?;
-        if m == 0 {
-            return Err(errno(libc::EIO));
-        }
-        w += m;
+    let mut rest = buf;
+    let mut at = off;
+    while !rest.is_empty() {
+        let m = f.write(at, rest)?;
+        // Nothing written, or more than asked (a libcephfs fault): never loop or panic on it.
+        rest = match rest.get(m..) {
+            Some(r) if m > 0 => r,
+            _ => return Err(errno(libc::EIO)),
+        };
+        at += len64(m);
     }
     Ok(())
+}
+
+/// The first `n` bytes of `buf` that a read filled: more than the buffer is a libcephfs fault
+/// (EIO), never a panic.
+fn read_part(buf: &[u8], n: usize) -> io::Result<&[u8]> {
+    buf.get(..n).ok_or_else(|| errno(libc::EIO))
 }
 
 /// A libcephfs file seen as a fuse-backend-rs zero-copy source/sink: READ and WRITE move data

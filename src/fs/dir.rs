@@ -190,7 +190,7 @@ impl CephFs {
         add: &mut dyn FnMut(DirEntry, Option<Entry>) -> io::Result<usize>,
         taken: &mut Vec<u64>,
     ) -> Result<(), (io::Error, bool)> {
-        let mut room = size as usize;
+        let mut room = to_len(size).map_err(|e| (e, false))?;
         loop {
             let de = match s.pending.take() {
                 Some(de) => de,

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-const SHARDS: u64 = 64;
+const SHARDS: usize = 64;
 
 #[derive(Debug)]
 pub struct HandleTable<H> {
@@ -34,7 +34,7 @@ pub struct Entry<H> {
 impl<H> Default for HandleTable<H> {
     fn default() -> Self {
         let mut shards = Vec::new();
-        shards.resize_with(SHARDS as usize, || RwLock::new(HashMap::new()));
+        shards.resize_with(SHARDS, || RwLock::new(HashMap::new()));
         HandleTable {
             shards,
             next: AtomicU64::new(session_base()),
@@ -57,7 +57,7 @@ fn session_base() -> u64 {
         // No entropy (a seccomp filter without getrandom): still not the last session's base.
         let t = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
+            .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         t.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id())
     };
     (random & ((1 << 62) - 1)).max(1)
@@ -67,7 +67,7 @@ impl<H> HandleTable<H> {
     fn shard(&self, fh: u64) -> &RwLock<HashMap<u64, Arc<Entry<H>>>> {
         // Handles are sequential: the low bits spread them over the shards. The modulo keeps the
         // index in range.
-        &self.shards[(fh % SHARDS) as usize]
+        super::shard(&self.shards, fh)
     }
 
     /// Limit the table to `max` handles.

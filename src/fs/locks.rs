@@ -15,7 +15,7 @@ impl CephFs {
         let f = self.file(inode, handle, "flush", ctx.uid)?;
         // close() releases the POSIX locks of the closing owner, as the local kernel would.
         if f.locked.load(Ordering::Relaxed) {
-            let unlock = whole_file_lock(libc::F_UNLCK);
+            let unlock = whole_file_lock(F_UNLCK);
             f.file.setlk(&unlock, lock_owner, false)?;
         }
         Ok(())
@@ -93,7 +93,7 @@ impl CephFs {
         f.file.setlk(&fl, owner, sleep)?;
         if sleep && i32::from(fl.l_type) != libc::F_UNLCK {
             let unlock = libc::flock {
-                l_type: libc::F_UNLCK as i16,
+                l_type: F_UNLCK,
                 ..fl
             };
             self.after_lock_wait(&f, uid, || f.file.setlk(&unlock, owner, false))?;
@@ -122,10 +122,23 @@ impl CephFs {
     }
 }
 
-fn whole_file_lock(kind: i32) -> libc::flock {
+/// libc's lock constants are c_int, struct flock holds them as c_short.
+#[allow(clippy::as_conversions, clippy::cast_possible_truncation)] // checked: consts only
+const fn short(v: i32) -> i16 {
+    let s = v as i16;
+    assert!(s as i32 == v, "a lock constant does not fit struct flock");
+    s
+}
+// Evaluated at compile time: a constant that did not fit would fail the build.
+const F_UNLCK: i16 = short(libc::F_UNLCK);
+const SEEK_SET: i16 = short(libc::SEEK_SET);
+/// A lock end at or past this means "to end of file" (Linux sends OFFSET_MAX).
+const TO_EOF: u64 = i64::MAX.unsigned_abs();
+
+fn whole_file_lock(kind: i16) -> libc::flock {
     libc::flock {
-        l_type: kind as i16,
-        l_whence: libc::SEEK_SET as i16,
+        l_type: kind,
+        l_whence: SEEK_SET,
         l_start: 0,
         l_len: 0,
         l_pid: 0,
@@ -135,7 +148,7 @@ fn whole_file_lock(kind: i32) -> libc::flock {
 /// FUSE lock range [start, end] (end = OFFSET_MAX for "to EOF") as a struct flock.
 fn to_flock(lock: &FileLock) -> io::Result<libc::flock> {
     let start = i64::try_from(lock.start).map_err(|_| errno(libc::EINVAL))?;
-    let len = if lock.end >= i64::MAX as u64 {
+    let len = if lock.end >= TO_EOF {
         0
     } else if lock.end < lock.start {
         return Err(errno(libc::EINVAL));
@@ -148,7 +161,7 @@ fn to_flock(lock: &FileLock) -> io::Result<libc::flock> {
     }
     Ok(libc::flock {
         l_type,
-        l_whence: libc::SEEK_SET as i16,
+        l_whence: SEEK_SET,
         l_start: start,
         l_len: len,
         l_pid: i32::try_from(lock.pid).unwrap_or(0),
@@ -158,14 +171,14 @@ fn to_flock(lock: &FileLock) -> io::Result<libc::flock> {
 fn from_flock(fl: &libc::flock) -> FileLock {
     let start = u64::try_from(fl.l_start).unwrap_or(0);
     let end = if fl.l_len <= 0 {
-        i64::MAX as u64
+        TO_EOF
     } else {
-        start.saturating_add(fl.l_len as u64 - 1)
+        start.saturating_add(fl.l_len.unsigned_abs() - 1)
     };
     FileLock {
         start,
         end,
-        lock_type: u32::try_from(fl.l_type).unwrap_or(libc::F_UNLCK as u32),
+        lock_type: u32::try_from(fl.l_type).unwrap_or(libc::F_UNLCK.unsigned_abs()),
         pid: u32::try_from(fl.l_pid).unwrap_or(0),
     }
 }

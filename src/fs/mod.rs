@@ -212,10 +212,43 @@ fn to_off(off: u64) -> io::Result<i64> {
 /// An offset + length range that must stay within i64.
 fn range(off: u64, len: u64) -> io::Result<(i64, i64)> {
     let end = off.checked_add(len).ok_or_else(|| errno(libc::EFBIG))?;
-    if end > i64::MAX as u64 {
+    if i64::try_from(end).is_err() {
         return Err(errno(libc::EFBIG));
     }
     Ok((to_off(off)?, to_off(len)?))
+}
+
+/// The permission and special bits of a mode (12 bits: the conversion cannot fail).
+fn perm_bits(mode: u32) -> u16 {
+    u16::try_from(mode & 0o7777).unwrap_or(0)
+}
+
+/// The open flags of the guest's `flags` that are passed on: those of `keep`, which are all below
+/// the sign bit, so the result is a valid `int` (EINVAL otherwise).
+fn open_flags(flags: u32, keep: i32) -> io::Result<i32> {
+    let keep = u32::try_from(keep).map_err(|_| errno(libc::EINVAL))?;
+    i32::try_from(flags & keep).map_err(|_| errno(libc::EINVAL))
+}
+
+/// A byte count the guest sent, as a buffer length (EINVAL where usize is narrower).
+fn to_len(size: u32) -> io::Result<usize> {
+    usize::try_from(size).map_err(|_| errno(libc::EINVAL))
+}
+
+/// A byte count libcephfs moved, as a file offset delta: usize is at most 64 bits on every
+/// target Rust supports, so the saturation is never reached.
+fn len64(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// The shard `key` falls in: the remainder by the shard count, so sequential keys (inode
+/// numbers, handles) spread over all of them. `shards` is never empty.
+#[allow(clippy::indexing_slicing)] // the remainder by the length is always a valid index
+fn shard<T>(shards: &[T], key: u64) -> &T {
+    let count = u64::try_from(shards.len()).unwrap_or(u64::MAX);
+    // Below the length, which is a usize: the conversion cannot fail.
+    let i = usize::try_from(key % count).unwrap_or(0);
+    &shards[i]
 }
 
 fn timespec_to(t: &ceph_client::Timespec) -> (i64, i64) {
@@ -258,7 +291,7 @@ fn setattr_request(
     let mut mask = 0;
     if valid.contains(SetattrValid::MODE) {
         mask |= CEPH_SETATTR_MODE;
-        st.stx_mode = (attr.st_mode & 0o7777) as u16;
+        st.stx_mode = perm_bits(attr.st_mode);
     }
     if valid.contains(SetattrValid::UID) {
         mask |= CEPH_SETATTR_UID;
@@ -919,7 +952,7 @@ impl CephFs {
                 // (a mandatory-locking marker Linux keeps). The mode is written instead.
                 Some(m) => {
                     let st = Statx {
-                        stx_mode: (m & 0o7777) as u16,
+                        stx_mode: perm_bits(m),
                         ..Default::default()
                     };
                     self.mount
@@ -989,7 +1022,7 @@ impl CephFs {
             return Ok(());
         };
         let st = Statx {
-            stx_mode: mode as u16,
+            stx_mode: perm_bits(mode),
             ..Default::default()
         };
         Ok(self
@@ -1641,14 +1674,14 @@ impl FileSystem for CephFs {
         let perm = self.perm(ctx);
         // O_DIRECT goes through: libcephfs then writes to the OSDs before WRITE is answered
         // and reads from them, as the guest's O_DIRECT user expects of a device.
-        let keep = (libc::O_ACCMODE
+        let keep = libc::O_ACCMODE
             | libc::O_APPEND
             | libc::O_TRUNC
             | libc::O_SYNC
             | libc::O_DSYNC
             | libc::O_DIRECT
-            | libc::O_NOFOLLOW) as u32;
-        let oflags = (flags & keep) as i32;
+            | libc::O_NOFOLLOW;
+        let oflags = open_flags(flags, keep)?;
         self.handle_room("open")?;
         // O_TRUNC is done here, after the open and the privilege kill (see `open_truncate`).
         let file = self
@@ -1678,15 +1711,15 @@ impl FileSystem for CephFs {
         let parent = self.dir_op(parent, "create", ctx)?;
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
-        let keep = (libc::O_ACCMODE
+        let keep = libc::O_ACCMODE
             | libc::O_CREAT
             | libc::O_EXCL
             | libc::O_APPEND
             | libc::O_TRUNC
             | libc::O_SYNC
             | libc::O_DSYNC
-            | libc::O_DIRECT) as u32;
-        let oflags = (args.flags & keep) as i32 | libc::O_CREAT;
+            | libc::O_DIRECT;
+        let oflags = open_flags(args.flags, keep)? | libc::O_CREAT;
         // A full table refuses the request before the file exists.
         self.handle_room("create")?;
         self.node_room("create")?;
@@ -1883,7 +1916,7 @@ impl FileSystem for CephFs {
                 u32::try_from(n).map_err(|_| errno(libc::E2BIG))?,
             ));
         }
-        let mut buf = vec![0u8; (size as usize).min(XATTR_SIZE_MAX)];
+        let mut buf = vec![0u8; to_len(size)?.min(XATTR_SIZE_MAX)];
         let n = self.mount.getxattr(&node.inode, name, &mut buf, &perm)?;
         buf.truncate(n);
         Ok(GetxattrReply::Value(buf))

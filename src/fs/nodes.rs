@@ -112,7 +112,10 @@ impl<T> Node<T> {
     /// derived at. One atomic, so a domain is never read with another derivation's generation.
     pub fn domain_at(&self) -> (u32, u32) {
         let v = self.domain.load(Ordering::Acquire);
-        (v as u32, (v >> 32) as u32)
+        // Each half is masked or shifted to 32 bits: the conversions cannot fail.
+        let domain = u32::try_from(v & u64::from(u32::MAX)).unwrap_or(0);
+        let generation = u32::try_from(v >> 32).unwrap_or(0);
+        (domain, generation)
     }
     /// Where the node was last found (see the field).
     pub fn link(&self) -> Option<Link<T>> {
@@ -208,8 +211,7 @@ impl<T> NodeTable<T> {
 
     fn shard(&self, id: u64) -> &RwLock<IdMap<Arc<Node<T>>>> {
         let h = BuildHasherDefault::<IdHasher>::default().hash_one(id);
-        // The modulo keeps the index below SHARDS, so indexing cannot fail.
-        &self.shards[(h % SHARDS as u64) as usize]
+        super::shard(&self.shards, h)
     }
 
     pub fn root_vino(&self) -> Vino {

@@ -33,8 +33,7 @@ impl Default for PermCache {
 
 impl PermCache {
     pub fn get(&self, uid: u32, gid: u32) -> Arc<UserPerm> {
-        // The modulo keeps the index in range.
-        let shard = &self.shards[((uid ^ gid.rotate_left(16)) as usize) % SHARDS];
+        let shard = super::shard(&self.shards, u64::from(uid ^ gid.rotate_left(16)));
         if let Some(p) = shard
             .read()
             .unwrap_or_else(|e| e.into_inner())

@@ -133,8 +133,9 @@ impl Slot {
             (op_queue & flag != 0).then_some(v)
         };
         let info = RequestInfo {
-            opcode: (op_queue & 0xffff_ffff) as u32,
-            queue: ((op_queue >> 32) & 0xffff) as u16,
+            // Masked to their widths: the conversions cannot fail.
+            opcode: u32::try_from(op_queue & 0xffff_ffff).unwrap_or(0),
+            queue: u16::try_from((op_queue >> 32) & 0xffff).unwrap_or(0),
             unique: self.unique.load(Ordering::Relaxed),
             node: self.node.load(Ordering::Relaxed),
             fh: field(&self.fh, HAS_FH),

@@ -57,8 +57,9 @@ fn slot_of(ino: u64) -> usize {
     let mut z = ino.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    // The mask keeps the index below ROOT_SLOTS (a power of two).
-    ((z ^ (z >> 31)) as usize) & (ROOT_SLOTS - 1)
+    // The mask keeps the index below ROOT_SLOTS (a power of two), so it fits a usize.
+    let mask = u64::try_from(ROOT_SLOTS - 1).unwrap_or(u64::MAX);
+    usize::try_from((z ^ (z >> 31)) & mask).unwrap_or(0)
 }
 
 impl Default for Gate {
@@ -96,9 +97,9 @@ impl Gate {
     #[inline]
     pub fn denied(&self, domain: u32) -> bool {
         domain != 0
-            && self
-                .deny
-                .get(domain as usize)
+            && usize::try_from(domain)
+                .ok()
+                .and_then(|d| self.deny.get(d))
                 .map_or(true, |d| d.load(Ordering::Relaxed))
     }
 
@@ -187,8 +188,9 @@ impl Gate {
             return "<ancestry unknown>".into();
         }
         let paths = self.paths.read().unwrap_or_else(|e| e.into_inner());
-        (domain as usize)
-            .checked_sub(1)
+        usize::try_from(domain)
+            .ok()
+            .and_then(|d| d.checked_sub(1))
             .and_then(|i| paths.get(i))
             .cloned()
             .unwrap_or_else(|| format!("<domain {domain}>"))

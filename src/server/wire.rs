@@ -8,10 +8,22 @@ use std::io;
 
 use fuse_backend_rs::api::filesystem::Context;
 
-/// FUSE_LOOKUP / FUSE_READ / FUSE_WRITE (Linux `include/uapi/linux/fuse.h`).
+/// Opcode numbers (Linux `include/uapi/linux/fuse.h`; the unit test holds them to
+/// fuse-backend-rs's `Opcode`, whose discriminants only `as` could reach in a const).
 pub const FUSE_LOOKUP: u32 = 1;
 pub const FUSE_READ: u32 = 15;
 pub const FUSE_WRITE: u32 = 16;
+pub const FUSE_RELEASE: u32 = 18;
+pub const FUSE_FSYNC: u32 = 20;
+pub const FUSE_FLUSH: u32 = 25;
+pub const FUSE_READDIR: u32 = 28;
+pub const FUSE_RELEASEDIR: u32 = 29;
+pub const FUSE_FSYNCDIR: u32 = 30;
+pub const FUSE_GETLK: u32 = 31;
+pub const FUSE_SETLK: u32 = 32;
+pub const FUSE_FALLOCATE: u32 = 43;
+pub const FUSE_READDIRPLUS: u32 = 44;
+pub const FUSE_LSEEK: u32 = 46;
 /// Size of `struct fuse_out_header`.
 pub const OUT_HEADER_LEN: usize = 16;
 /// Out-header plus `struct fuse_write_out` or `fuse_entry_out.nodeid`: what
@@ -222,6 +234,32 @@ mod tests {
         head.extend_from_slice(&7u64.to_ne_bytes());
         head.extend_from_slice(extra);
         head
+    }
+
+    #[test]
+    fn opcode_numbers_are_fuse_backend_rs_opcodes() {
+        use fuse_backend_rs::abi::fuse_abi::Opcode;
+        let ours = [
+            (FUSE_LOOKUP, Opcode::Lookup as u32),
+            (FUSE_READ, Opcode::Read as u32),
+            (FUSE_WRITE, Opcode::Write as u32),
+            (FUSE_RELEASE, Opcode::Release as u32),
+            (FUSE_FSYNC, Opcode::Fsync as u32),
+            (FUSE_FLUSH, Opcode::Flush as u32),
+            (FUSE_READDIR, Opcode::Readdir as u32),
+            (FUSE_RELEASEDIR, Opcode::Releasedir as u32),
+            (FUSE_FSYNCDIR, Opcode::Fsyncdir as u32),
+            (FUSE_GETLK, Opcode::Getlk as u32),
+            (FUSE_SETLK, Opcode::Setlk as u32),
+            (FUSE_SETLKW, Opcode::Setlkw as u32),
+            (FUSE_FALLOCATE, Opcode::Fallocate as u32),
+            (FUSE_READDIRPLUS, Opcode::Readdirplus as u32),
+            (FUSE_LSEEK, Opcode::Lseek as u32),
+            (FUSE_COPY_FILE_RANGE, Opcode::CopyFileRange as u32),
+        ];
+        for (i, (wire, library)) in ours.into_iter().enumerate() {
+            assert_eq!(wire, library, "opcode constant {i}");
+        }
     }
 
     #[test]

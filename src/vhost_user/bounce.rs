@@ -38,7 +38,15 @@ const REGION_SIZE: usize = 0x8000;
 /// Descriptors in the private table (a power of two, as virtqueue sizes must be).
 const TABLE: u16 = 1024;
 /// The most readable descriptors a request may have: one private table slot holds the header.
+#[allow(clippy::as_conversions)] // u16 to usize widens, and `From` is not const
 pub(super) const MAX_READABLE: usize = TABLE as usize - 1;
+/// `VRING_DESC_F_NEXT` (a u32 in virtio-bindings) as a descriptor's u16 flags.
+#[allow(clippy::as_conversions, clippy::cast_possible_truncation)] // checked at compile time
+const DESC_F_NEXT: u16 = {
+    let f = VRING_DESC_F_NEXT as u16;
+    assert!(f as u32 == VRING_DESC_F_NEXT);
+    f
+};
 
 thread_local! {
     /// This thread's private region, made on first use.
@@ -126,24 +134,26 @@ where
     let put_desc = |i: usize, addr: u64, len: u32, last: bool| {
         // i < TABLE: the index and the next one fit in u16.
         let next = u16::try_from(i + 1).unwrap_or(0);
+        let at = u64::try_from(i).map_err(|_| BounceError::TooLong)?;
         let desc = if last {
             Descriptor::new(addr, len, 0, 0)
         } else {
-            Descriptor::new(addr, len, VRING_DESC_F_NEXT as u16, next)
+            Descriptor::new(addr, len, DESC_F_NEXT, next)
         };
         region
-            .write_obj(desc, MemoryRegionAddress(DESC_AT + 16 * i as u64))
+            .write_obj(desc, MemoryRegionAddress(DESC_AT + 16 * at))
             .map_err(setup)
     };
-    let header_len = size_of::<InHeader>();
+    let header_len = u32::try_from(size_of::<InHeader>())
+        .map_err(|_| BounceError::Setup("the in-header does not fit a descriptor".into()))?;
     region
         .write_slice(header.as_slice(), MemoryRegionAddress(HEADER_AT))
         .map_err(setup)?;
     // Each descriptor is written with NEXT; the last one is written again without it.
-    let mut last = (BASE + HEADER_AT, header_len as u32);
+    let mut last = (BASE + HEADER_AT, header_len);
     let mut count = 1;
     put_desc(0, last.0, last.1, false)?;
-    let mut skip = header_len as u64;
+    let mut skip = u64::from(header_len);
     for desc in chain.readable() {
         let (mut addr, mut len) = (desc.addr(), u64::from(desc.len()));
         let skipped = skip.min(len);

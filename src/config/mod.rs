@@ -2,14 +2,15 @@
 //!
 //! [`Config`] is built from the command line ([`Args`]) merged over an optional TOML file
 //! (`--config FILE`): a value given on the command line wins over the file, the file wins over
-//! the built-in default. Only `Config` travels past `main`.
+//! the built-in default. Only `Config` travels past `main`. The file's schema is in `file`,
+//! virtiofsd's compatibility options in `compat`; this module merges and validates.
 
-use std::collections::BTreeMap;
+mod compat;
+mod file;
+
 use std::os::unix::io::RawFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-use serde::Deserialize;
 
 use crate::args::{self as cli, Args};
 use crate::ceph::{is_secret_option, CephAccess};
@@ -18,6 +19,12 @@ use crate::fs::{CacheMode, SnapshotPolicy};
 pub use crate::logging::{LogConfig, LogLevel};
 use crate::sandbox::{SandboxConfig, SandboxError, SeccompMode};
 use crate::vhost_user::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
+
+use compat::{ignored_option_warnings, parse_legacy};
+pub use file::{
+    FileCeph, FileConfig, FileFuse, FileLog, FileMetrics, FileQuarantine, FileSandbox,
+    FileVhostUser,
+};
 
 /// Default maximum of FUSE worker threads (started on demand, gone when idle), as QEMU's
 /// thread pool for blocking I/O.
@@ -198,38 +205,6 @@ impl From<cli::SeccompMode> for SeccompMode {
     }
 }
 
-/// The TOML file layout. Every key is optional; see config/ceph-virtiofsd.toml.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileConfig {
-    #[serde(default)]
-    pub vhost_user: FileVhostUser,
-    #[serde(default)]
-    pub fuse: FileFuse,
-    #[serde(default)]
-    pub log: FileLog,
-    #[serde(default)]
-    pub ceph: FileCeph,
-    #[serde(default)]
-    pub sandbox: FileSandbox,
-    #[serde(default)]
-    pub metrics: FileMetrics,
-    #[serde(default)]
-    pub quarantine: FileQuarantine,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileQuarantine {
-    pub enabled: Option<bool>,
-    #[serde(default)]
-    pub paths: Vec<String>,
-    pub recovery: Option<crate::args::RecoveryRole>,
-    #[serde(default)]
-    pub recovery_paths: Vec<String>,
-    pub propagation_ms: Option<u64>,
-}
-
 /// Merge and validate the quarantine settings (command line wins; lists are joined).
 fn quarantine_config(
     args: &Args,
@@ -267,168 +242,6 @@ fn quarantine_config(
         recovery_paths: norm(recovery_paths)?,
         propagation: Duration::from_millis(ms),
     })
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileMetrics {
-    pub addr: Option<String>,
-    pub socket: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileSandbox {
-    pub user: Option<String>,
-    pub group: Option<String>,
-    pub seccomp: Option<cli::SeccompMode>,
-    /// uid translation rules (virtiofsd --translate-uid forms).
-    #[serde(default)]
-    pub translate_uid: Vec<String>,
-    /// gid translation rules.
-    #[serde(default)]
-    pub translate_gid: Vec<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileVhostUser {
-    pub socket_path: Option<PathBuf>,
-    pub tag: Option<String>,
-    pub thread_pool_size: Option<usize>,
-    pub queues: Option<u16>,
-    pub poll_us: Option<u64>,
-    pub keep_serving: Option<bool>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileFuse {
-    pub cache: Option<cli::CacheMode>,
-    pub xattr: Option<bool>,
-    pub max_nodes: Option<usize>,
-    pub max_handles: Option<usize>,
-    pub snapshots: Option<cli::Snapshots>,
-    pub allow_device_nodes: Option<bool>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileLog {
-    pub level: Option<cli::LogLevel>,
-    pub syslog: Option<bool>,
-    pub slow_request_secs: Option<u64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-pub struct FileCeph {
-    pub conf: Option<PathBuf>,
-    pub client_id: Option<String>,
-    pub keyring: Option<PathBuf>,
-    pub fs_name: Option<String>,
-    pub root: Option<String>,
-    pub mount_timeout: Option<u64>,
-    /// Extra libcephfs options.
-    #[serde(default)]
-    pub options: BTreeMap<String, String>,
-}
-
-impl FileConfig {
-    /// Parse a TOML configuration file.
-    pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::ReadFile {
-            path: path.to_owned(),
-            source,
-        })?;
-        toml::from_str(&text).map_err(|source| ConfigError::ParseFile {
-            path: path.to_owned(),
-            source: Box::new(source),
-        })
-    }
-}
-
-/// Values taken from legacy `-o` options.
-#[derive(Default)]
-struct Legacy {
-    cache: Option<cli::CacheMode>,
-    xattr: Option<bool>,
-    thread_pool_size: Option<usize>,
-}
-
-fn parse_legacy(opts: &[String], warnings: &mut Vec<String>) -> Result<Legacy, ConfigError> {
-    let mut legacy = Legacy::default();
-    for opt in opts
-        .iter()
-        .flat_map(|o| o.split(','))
-        .filter(|o| !o.is_empty())
-    {
-        let (key, value) = match opt.split_once('=') {
-            Some((k, v)) => (k, Some(v)),
-            None => (opt, None),
-        };
-        match (key, value) {
-            ("source", _) => return Err(ConfigError::SharedDir),
-            ("cache", Some(v)) => {
-                let mode = match v {
-                    "none" | "never" => cli::CacheMode::Never,
-                    "auto" => cli::CacheMode::Auto,
-                    "always" => cli::CacheMode::Always,
-                    "metadata" => cli::CacheMode::Metadata,
-                    _ => {
-                        return Err(ConfigError::BadLegacyOpt(
-                            opt.to_owned(),
-                            "use cache=never|auto|always|metadata".to_owned(),
-                        ))
-                    }
-                };
-                legacy.cache = Some(mode);
-            }
-            ("xattr", None) => legacy.xattr = Some(true),
-            ("no_xattr", None) => legacy.xattr = Some(false),
-            ("thread_pool_size", Some(v)) => {
-                let n = v.parse().map_err(|_| {
-                    ConfigError::BadLegacyOpt(opt.to_owned(), "expected a number".to_owned())
-                })?;
-                legacy.thread_pool_size = Some(n);
-            }
-            _ => warnings.push(format!(
-                "Ignoring legacy option -o {opt}: not used by ceph-virtiofsd"
-            )),
-        }
-    }
-    Ok(legacy)
-}
-
-fn ignored_option_warnings(args: &Args, warnings: &mut Vec<String>) {
-    let flags: [(&str, bool); 14] = [
-        ("--sandbox", args.sandbox.is_some()),
-        ("--announce-submounts", args.announce_submounts),
-        ("--inode-file-handles", args.inode_file_handles.is_some()),
-        ("--allow-direct-io", args.allow_direct_io),
-        ("--killpriv-v2", args.killpriv_v2),
-        ("--no-killpriv-v2", args.no_killpriv_v2),
-        ("--posix-acl", args.posix_acl),
-        ("--security-label", args.security_label),
-        ("--writeback", args.writeback),
-        ("--no-readdirplus", args.no_readdirplus),
-        ("--preserve-noatime", args.preserve_noatime),
-        ("--allow-mmap", args.allow_mmap),
-        ("--socket-group", args.socket_group.is_some()),
-        ("--rlimit-nofile", args.rlimit_nofile.is_some()),
-    ];
-    let more = [
-        ("--modcaps", args.modcaps.is_some()),
-        ("--xattrmap", args.xattrmap.is_some()),
-        ("-f", args.foreground),
-    ];
-    for (name, given) in flags.iter().chain(more.iter()) {
-        if *given {
-            warnings.push(format!(
-                "Ignoring {name}: a virtiofsd option that has no meaning for ceph-virtiofsd"
-            ));
-        }
-    }
 }
 
 fn parse_ceph_opt(opt: &str) -> Result<(String, String), ConfigError> {
