@@ -522,6 +522,37 @@ fn reply<T: ByteValued, S: BitmapSlice>(
 }
 
 /// Reply with `-errno`. Errors without an OS errno become EIO.
+/// The errno for a request fuse-backend-rs refused to decode (a name without its NUL, a
+/// parameter missing, a body its in-struct does not fit): fuse-backend-rs returns those
+/// without answering, and the guest gets this errno in a reply instead of a chain returned
+/// empty. `None` for the errors after which nothing can be answered (a reply that did not
+/// fit the chain, a failed write).
+pub fn refused_errno(e: &ServerError) -> Option<i32> {
+    use fuse_backend_rs::Error as E;
+    let ServerError::Fuse(e) = e else {
+        return None;
+    };
+    match e {
+        E::DecodeMessage(io) | E::InvalidMessage(io) => {
+            Some(io.raw_os_error().unwrap_or(libc::EINVAL))
+        }
+        E::MissingParameter
+        | E::InvalidHeaderLength
+        | E::InvalidCString(_)
+        | E::InvalidXattrSize(_) => Some(libc::EINVAL),
+        _ => None,
+    }
+}
+
+/// Answer request `unique` with `errno` (see [`refused_errno`]).
+pub fn reply_errno<S: BitmapSlice>(
+    unique: u64,
+    writer: Writer<'_, S>,
+    errno: i32,
+) -> Result<usize, ServerError> {
+    reply_error(unique, writer, &io::Error::from_raw_os_error(errno))
+}
+
 fn reply_error<S: BitmapSlice>(
     unique: u64,
     writer: Writer<'_, S>,

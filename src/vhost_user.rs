@@ -624,12 +624,30 @@ where
         .map_err(ChainError::Bounce)?;
     let reader = Reader::from_descriptor_chain(&*composite, private).map_err(ChainError::Reader)?;
     let probe = chain.clone();
+    let again = chain.clone();
     let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
-    server
-        .handle_message(header, reader, Writer::from(writer), queue, |written| {
-            read_reply_head(mem, probe, written)
-        })
-        .map_err(ChainError::Server)
+    match server.handle_message(header, reader, Writer::from(writer), queue, |written| {
+        read_reply_head(mem, probe, written)
+    }) {
+        // FORGET and BATCH_FORGET are never answered.
+        Err(e)
+            if header.opcode == crate::server::wire::FUSE_FORGET
+                || header.opcode == crate::server::wire::FUSE_BATCH_FORGET =>
+        {
+            Err(ChainError::Server(e))
+        }
+        Err(e) => match crate::server::refused_errno(&e) {
+            // fuse-backend-rs refused the request before serving it, without a reply:
+            // answer it with the errno on a fresh writer of the same chain.
+            Some(errno) => {
+                let writer = VirtioFsWriter::new(&**mem, again).map_err(ChainError::Writer)?;
+                crate::server::reply_errno(header.unique, Writer::from(writer), errno)
+                    .map_err(ChainError::Server)
+            }
+            None => Err(ChainError::Server(e)),
+        },
+        ok => ok.map_err(ChainError::Server),
+    }
 }
 
 /// Read back the first bytes of the reply just written to the chain's writable descriptors

@@ -11,6 +11,8 @@ use fuse_backend_rs::api::filesystem::Context;
 /// Opcode numbers (Linux `include/uapi/linux/fuse.h`; the unit test holds them to
 /// fuse-backend-rs's `Opcode`, whose discriminants only `as` could reach in a const).
 pub const FUSE_LOOKUP: u32 = 1;
+pub const FUSE_FORGET: u32 = 2;
+pub const FUSE_BATCH_FORGET: u32 = 42;
 pub const FUSE_READ: u32 = 15;
 pub const FUSE_WRITE: u32 = 16;
 pub const FUSE_RELEASE: u32 = 18;
@@ -241,6 +243,8 @@ mod tests {
         use fuse_backend_rs::abi::fuse_abi::Opcode;
         let ours = [
             (FUSE_LOOKUP, Opcode::Lookup as u32),
+            (FUSE_FORGET, Opcode::Forget as u32),
+            (FUSE_BATCH_FORGET, Opcode::BatchForget as u32),
             (FUSE_READ, Opcode::Read as u32),
             (FUSE_WRITE, Opcode::Write as u32),
             (FUSE_RELEASE, Opcode::Release as u32),
