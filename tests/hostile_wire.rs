@@ -1047,10 +1047,7 @@ fn hostile_truncate_of_a_directory_is_refused() {
                 .u64(size)
                 .bytes(&[0; 64])
                 .0;
-            let u = h.next_unique();
-            let mut req = request(op::SETATTR, u, node, None, &body);
-            req[24..32].fill(0); // uid 0, gid 0
-            let a = h.raw(1, &req, REPLY);
+            let a = h.req_as_root(op::SETATTR, node, &body);
             let w = format!("SETATTR size {size} of {what}");
             f.check(
                 errno_of(&a) == Some(libc::EISDIR),
@@ -1090,15 +1087,9 @@ fn hostile_a_file_as_the_parent_of_a_name_gets_enotdir() {
         .u32(libc::S_IFREG | 0o755)
         .bytes(&[0; 16])
         .0;
-    let as_root = |h: &mut Hostile, o: u32, node: u64, body: &[u8]| {
-        let u = h.next_unique();
-        let mut req = request(o, u, node, None, body);
-        req[24..32].fill(0); // uid 0, gid 0
-        h.raw(1, &req, REPLY)
-    };
-    let a = as_root(&mut h, op::SETATTR, file, &chmod);
+    let a = h.req_as_root(op::SETATTR, file, &chmod);
     f.check(a.error() == Some(0), format!("SETATTR f mode 0755: {a:?}"));
-    let a = as_root(&mut h, op::LINK, 1, &Body::new().u64(file).name(b"f2").0);
+    let a = h.req_as_root(op::LINK, 1, &Body::new().u64(file).name(b"f2").0);
     f.check(a.error() == Some(0), format!("LINK f f2: {a:?}"));
     h.lookup(1, b"f2").entry().expect("lookup f2");
     let with_name = |head: Body| head.name(b"x").0;
@@ -1159,7 +1150,7 @@ fn hostile_a_file_as_the_parent_of_a_name_gets_enotdir() {
     for (what, o, node, body) in cases {
         // As root: libcephfs's own permission checks (EACCES for uid 1000 on a file without
         // search permission) come after it has opened the directory structure.
-        let a = as_root(&mut h, o, node, &body);
+        let a = h.req_as_root(o, node, &body);
         let w = format!("{what} with the hard-linked file f as the directory");
         f.check(
             errno_of(&a) == Some(libc::ENOTDIR),

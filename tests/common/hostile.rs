@@ -281,6 +281,14 @@ impl Hostile {
         self.raw(1, &request(opcode, u, nodeid, None, body), REPLY)
     }
 
+    /// [`Self::req`] with uid 0 and gid 0 in the header.
+    pub fn req_as_root(&mut self, opcode: u32, nodeid: u64, body: &[u8]) -> Answer {
+        let u = self.next_unique();
+        let mut req = request(opcode, u, nodeid, None, body);
+        req[24..32].fill(0); // InHeader uid, gid
+        self.raw(1, &req, REPLY)
+    }
+
     pub fn lookup(&mut self, parent: u64, name: &[u8]) -> Answer {
         self.req(op::LOOKUP, parent, &Body::new().name(name).0)
     }
