@@ -5,7 +5,10 @@
 //!
 //! HOSTILE_FUZZ_REQUESTS sets the count (default 100,000), HOSTILE_FUZZ_SEED the seed (default:
 //! a new one each run, printed; set it to replay a run), HOSTILE_FUZZ_ARGS more options for the
-//! fuzzer (the long run: `--depth 64 --mutating-per-mille 20`, with `cargo test --release`).
+//! fuzzer (the long run: `--depth 64 --mutating-per-mille 20`, with `cargo test --release`),
+//! HOSTILE_FUZZ_DAEMON_ARGS the daemon's options (default `--log-level error`; a hunt for a slow
+//! request wants `--log-level warn --slow-request-secs 5`). The daemon's log is
+//! `<lab>/scratch/hostile-fuzz/daemon.log`.
 
 mod common;
 
@@ -22,7 +25,10 @@ fn hostile_fuzz_keeps_the_daemon_alive_inside_its_export_and_bounded() {
         .unwrap_or(100_000);
     let seed = seed_from_env("HOSTILE_FUZZ_SEED");
     println!("hostile fuzz: seed {seed} (HOSTILE_FUZZ_SEED={seed} replays this run), {requests} requests");
-    let (daemon, export, metrics) = hostile_daemon(&lab, "hostile-fuzz", &["--log-level", "error"]);
+    let daemon_args =
+        std::env::var("HOSTILE_FUZZ_DAEMON_ARGS").unwrap_or_else(|_| "--log-level error".into());
+    let daemon_args: Vec<&str> = daemon_args.split_whitespace().collect();
+    let (daemon, export, metrics) = hostile_daemon(&lab, "hostile-fuzz", &daemon_args);
     let out = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd-bench"))
         .args(["hostile", "fuzz", "--socket"])
         .arg(&daemon.socket)
