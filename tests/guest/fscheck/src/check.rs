@@ -212,7 +212,49 @@ pub fn verify_fd(
             Err(e) => div!("{what}: pread({off}, {len}): {}", errname(e)),
         }
     };
-    compare_bytes(what, &want, &got, off)
+    compare_bytes(what, &want, &got, off).map_err(|Div(d)| {
+        if got.len() == want.len() {
+            return Div(d);
+        }
+        // A length that differs from the model's: the guest's size (fstat: a short direct read
+        // is continued from the page cache up to it), a second read, and what the surplus is
+        // tell whether the daemon returned bytes past the end or the guest held a wrong size.
+        let size = match sys::fstat(fd) {
+            Ok(st) => format!("fstat size {}", st.st_size),
+            Err(e) => format!("fstat: {}", errname(e)),
+        };
+        let surplus = got.get(want.len()..).map_or("none".to_string(), |x| {
+            if x.iter().all(|b| *b == 0) {
+                format!("{} zero bytes", x.len())
+            } else {
+                format!("{} bytes, not all zero", x.len())
+            }
+        });
+        let again = if direct {
+            let mut b = AlignedBuf::new(len);
+            sys::pread_all(fd, b.as_mut_slice(), off)
+        } else {
+            sys::pread_all(fd, &mut vec![0u8; len], off)
+        };
+        let again = match again {
+            Ok(n) => format!("read again: {n} bytes"),
+            Err(e) => format!("read again: {}", errname(e)),
+        };
+        // One pread(2), not continued: what the first call (the direct one) returned.
+        let mut b = AlignedBuf::new(len);
+        // SAFETY: b is a live buffer of len bytes for the duration of the call.
+        let one = unsafe {
+            libc::pread(
+                fd,
+                b.as_mut_slice().as_mut_ptr().cast(),
+                len,
+                off as libc::off_t,
+            )
+        };
+        Div(format!(
+            "{d} ({size}; surplus: {surplus}; {again}; one pread: {one})"
+        ))
+    })
 }
 
 pub fn align_out(off: u64, len: usize) -> (u64, usize) {
