@@ -9,7 +9,7 @@ use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ceph_virtiofsd::fs::CephFs;
-use fuse_backend_rs::abi::fuse_abi::{stat64, SetattrValid};
+use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, SetattrValid};
 use fuse_backend_rs::api::filesystem::{FileSystem, ZeroCopyWriter};
 use fuse_backend_rs::file_buf::FileVolatileSlice;
 use fuse_backend_rs::file_traits::FileReadWriteVolatile;
@@ -939,4 +939,75 @@ fn writes_kill_only_the_privilege_bits() {
             "write to a {mode:o} file by its owner"
         );
     }
+}
+
+/// No entry takes the snapshot directory's name. The MDS makes a real `.snap` entry when asked
+/// (MKDIR, RENAME onto it), and from then on every client's lookup of the name answers with the
+/// virtual snapshot directory: the entry and everything under it are hidden from all clients,
+/// and its directory can never be emptied (found by the hostile fuzzer). The guest gets what a
+/// Linux client of CephFS gets: the name is an existing directory that cannot be replaced,
+/// removed or moved.
+#[test]
+fn hostile_no_entry_takes_the_snapshot_directory_name() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-snapdir-name");
+    let root = ctx(0, 0);
+    let d = fs.mkdir(&root, 1, &c("d"), 0o755, 0).unwrap().inode;
+    let (f, fh) = create_as(&fs, &root, d, &c("f"), 0o644);
+    release(&fs, f, fh);
+    fs.mkdir(&root, d, &c("sub"), 0o755, 0).unwrap();
+    let snap = c(".snap");
+    let create = CreateIn {
+        flags: (libc::O_RDWR | libc::O_CREAT) as u32,
+        mode: libc::S_IFREG | 0o644,
+        umask: 0,
+        fuse_flags: 0,
+    };
+    let refused = [
+        (
+            "mkdir",
+            errno(fs.mkdir(&root, d, &snap, 0o755, 0)),
+            libc::EEXIST,
+        ),
+        (
+            "mknod",
+            errno(fs.mknod(&root, d, &snap, libc::S_IFIFO | 0o644, 0, 0)),
+            libc::EEXIST,
+        ),
+        (
+            "symlink",
+            errno(fs.symlink(&root, &c("f"), d, &snap)),
+            libc::EEXIST,
+        ),
+        ("link", errno(fs.link(&root, f, d, &snap)), libc::EEXIST),
+        (
+            "create",
+            errno(fs.create(&root, d, &snap, create)),
+            libc::EEXIST,
+        ),
+        (
+            "rename onto",
+            errno(fs.rename(&root, d, &c("sub"), d, &snap, 0)),
+            libc::EBUSY,
+        ),
+        (
+            "rename of",
+            errno(fs.rename(&root, d, &snap, d, &c("x"), 0)),
+            libc::EBUSY,
+        ),
+        ("rmdir", errno(fs.rmdir(&root, d, &snap)), libc::EBUSY),
+        ("unlink", errno(fs.unlink(&root, d, &snap)), libc::EISDIR),
+    ];
+    for (op, got, want) in refused {
+        assert_eq!(got, want, "{op} .snap: errno {got}, expected {want}");
+    }
+    // Nothing of that name was made: the directory lists what it held, the name still finds
+    // the virtual directory, and the directory can be emptied and removed.
+    assert_eq!(names(&fs, d), ["f", "sub"]);
+    let e = fs.lookup(&root, d, &snap).unwrap();
+    assert_eq!(e.attr.st_mode & libc::S_IFMT, libc::S_IFDIR);
+    fs.forget(&root, e.inode, 1);
+    fs.unlink(&root, d, &c("f")).unwrap();
+    fs.rmdir(&root, d, &c("sub")).unwrap();
+    fs.rmdir(&root, 1, &c("d")).unwrap();
 }

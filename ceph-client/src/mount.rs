@@ -412,6 +412,22 @@ impl Mount {
         check("ceph_unmount", unsafe { sys::ceph_unmount(self.raw()) }).map(drop)
     }
 
+    /// `ceph_conf_get` on the mounted client: the value of a configuration option.
+    pub fn conf_get(&self, key: &str) -> Result<String> {
+        let k = cstring("ceph_conf_get", key)?;
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: the handle is live (self holds it); `k` is NUL-terminated and `buf` is
+        // writable for `buf.len()` bytes. Reading the configuration needs no mounted session,
+        // so this is sound after a shutdown too.
+        let ret = unsafe {
+            sys::ceph_conf_get(self.raw(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        };
+        check("ceph_conf_get", ret)?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        buf.truncate(end);
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+
     /// Whether `other` is this mount or a clone of it (a pointer compare).
     pub fn same_mount(&self, other: &Mount) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)

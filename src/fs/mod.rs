@@ -198,6 +198,8 @@ pub struct CephFs {
     limits: LimitStats,
     /// Short second sessions, for renames over hard links.
     side: side::SideClient,
+    /// The snapshot directory's name (libcephfs's `client_snapdir`).
+    snapdir: Box<[u8]>,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -466,8 +468,14 @@ impl CephFs {
         nodes.set_limit(cfg.max_nodes);
         let handles = HandleTable::default();
         handles.set_limit(cfg.max_handles);
+        // The name libcephfs answers lookups of with the snapshot directory.
+        let snapdir = mount
+            .conf_get("client_snapdir")
+            .map_or_else(|_| b".snap".to_vec(), String::into_bytes)
+            .into_boxed_slice();
         Ok(CephFs {
             side: side::SideClient::new(cfg.second_session.clone()),
+            snapdir,
             mount,
             nodes,
             handles,
@@ -506,6 +514,12 @@ impl CephFs {
         self.handles.clear();
         self.nodes.clear();
         Ok(self.mount.shutdown()?)
+    }
+
+    /// See [`names::check_changed`].
+    fn changed_name(&self, name: &CStr, change: names::Change) -> io::Result<()> {
+        names::check_changed(name, &self.snapdir, self.cfg.snapshots.visible(), change)
+            .map_err(errno)
     }
 
     fn node(&self, id: u64) -> io::Result<Arc<Node>> {
@@ -1500,7 +1514,7 @@ impl FileSystem for CephFs {
         parent: u64,
         name: &CStr,
     ) -> io::Result<Entry> {
-        names::check_name(name, Use::Change).map_err(errno)?;
+        self.changed_name(name, names::Change::New)?;
         if linkname.to_bytes().len() >= PATH_MAX {
             return Err(errno(libc::ENAMETOOLONG));
         }
@@ -1522,7 +1536,7 @@ impl FileSystem for CephFs {
         rdev: u32,
         _umask: u32,
     ) -> io::Result<Entry> {
-        names::check_name(name, Use::Change).map_err(errno)?;
+        self.changed_name(name, names::Change::New)?;
         mknod_allowed(mode, self.cfg.allow_device_nodes)?;
         let parent = self.dir_op(parent, "mknod", ctx)?;
         self.snapdir_change(&parent)?;
@@ -1547,7 +1561,7 @@ impl FileSystem for CephFs {
         mode: u32,
         _umask: u32,
     ) -> io::Result<Entry> {
-        names::check_name(name, Use::Change).map_err(errno)?;
+        self.changed_name(name, names::Change::New)?;
         let parent = self.dir_op(parent, "mkdir", ctx)?;
         self.snapdir_change(&parent)?;
         self.node_room("mkdir")?;
@@ -1558,7 +1572,7 @@ impl FileSystem for CephFs {
     }
 
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
-        names::check_name(name, Use::Change).map_err(errno)?;
+        self.changed_name(name, names::Change::Unlink)?;
         let parent = self.dir_op(parent, "unlink", ctx)?;
         self.snapdir_change(&parent)?;
         self.mount.unlink(&parent.inode, name, &self.perm(ctx))?;
@@ -1566,7 +1580,7 @@ impl FileSystem for CephFs {
     }
 
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
-        names::check_name(name, Use::Change).map_err(errno)?;
+        self.changed_name(name, names::Change::Rmdir)?;
         let parent = self.dir_op(parent, "rmdir", ctx)?;
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
@@ -1586,8 +1600,8 @@ impl FileSystem for CephFs {
         newname: &CStr,
         flags: u32,
     ) -> io::Result<()> {
-        names::check_name(oldname, Use::Change).map_err(errno)?;
-        names::check_name(newname, Use::Change).map_err(errno)?;
+        self.changed_name(oldname, names::Change::Rename)?;
+        self.changed_name(newname, names::Change::Rename)?;
         let old = self.dir_op(olddir, "rename", ctx)?;
         let new = self.dir_op(newdir, "rename", ctx)?;
         self.snapdir_change(&old)?;
@@ -1639,7 +1653,7 @@ impl FileSystem for CephFs {
     }
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
-        names::check_name(newname, Use::Change).map_err(errno)?;
+        self.changed_name(newname, names::Change::New)?;
         let node = self.node_op(inode, "link", ctx)?;
         let parent = self.dir_op(newparent, "link", ctx)?;
         if node.is_dir() {
@@ -1707,7 +1721,7 @@ impl FileSystem for CephFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
-        names::check_name(name, Use::Change).map_err(errno)?;
+        self.changed_name(name, names::Change::New)?;
         let parent = self.dir_op(parent, "create", ctx)?;
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);

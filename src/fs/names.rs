@@ -38,6 +38,48 @@ pub fn check_name(name: &CStr, usage: Use) -> Result<(), i32> {
     Ok(())
 }
 
+/// What a request does with a name it creates, removes or renames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Makes a new entry: CREATE, MKNOD, MKDIR, SYMLINK, LINK.
+    New,
+    /// UNLINK.
+    Unlink,
+    /// RMDIR.
+    Rmdir,
+    /// Either name of a RENAME.
+    Rename,
+}
+
+/// Check a name a request creates, removes or renames (see [`check_name`]), and keep it off the
+/// snapshot directory's name. The MDS takes a real entry of that name (`mkdir .snap`, or a
+/// rename onto it, succeeds), and then no client reaches it: every lookup of the name answers
+/// with the virtual snapshot directory, so the entry and what is under it are hidden from every
+/// client, and a directory holding it can never be removed. A Linux client of CephFS sees the
+/// name as an existing directory: creating it is EEXIST, unlinking it EISDIR; removing or
+/// renaming the virtual directory is refused as for a mount point (EBUSY). With snapshots
+/// hidden, the name is reserved (EPERM), so a guest learns nothing of it.
+pub fn check_changed(
+    name: &CStr,
+    snapdir: &[u8],
+    snapdir_visible: bool,
+    change: Change,
+) -> Result<(), i32> {
+    check_name(name, Use::Change)?;
+    if name.to_bytes() != snapdir {
+        return Ok(());
+    }
+    Err(if !snapdir_visible {
+        libc::EPERM
+    } else {
+        match change {
+            Change::New => libc::EEXIST,
+            Change::Unlink => libc::EISDIR,
+            Change::Rmdir | Change::Rename => libc::EBUSY,
+        }
+    })
+}
+
 pub fn is_dot_or_dotdot(b: &[u8]) -> bool {
     b == b"." || b == b".."
 }
@@ -103,6 +145,37 @@ mod tests {
         assert_eq!(check_name(&c(b".."), Use::Change), Err(libc::EINVAL));
         assert_eq!(check_name(&c(b"."), Use::Change), Err(libc::EINVAL));
         assert_eq!(check_name(&c(b".."), Use::Lookup), Ok(()));
+    }
+
+    #[test]
+    fn hostile_the_snapshot_directory_name_is_never_an_entry() {
+        let snap = b".snap";
+        for (change, want) in [
+            (Change::New, libc::EEXIST),
+            (Change::Unlink, libc::EISDIR),
+            (Change::Rmdir, libc::EBUSY),
+            (Change::Rename, libc::EBUSY),
+        ] {
+            assert_eq!(check_changed(&c(b".snap"), snap, true, change), Err(want));
+            assert_eq!(
+                check_changed(&c(b".snap"), snap, false, change),
+                Err(libc::EPERM)
+            );
+            assert_eq!(check_changed(&c(b".snapx"), snap, true, change), Ok(()));
+            assert_eq!(
+                check_changed(&c(b".."), snap, true, change),
+                Err(libc::EINVAL)
+            );
+        }
+        // client_snapdir set to another name: that one is refused, ".snap" is a plain name.
+        assert_eq!(
+            check_changed(&c(b".snap"), b"_snap", true, Change::New),
+            Ok(())
+        );
+        assert_eq!(
+            check_changed(&c(b"_snap"), b"_snap", true, Change::New),
+            Err(libc::EEXIST)
+        );
     }
 
     #[test]
