@@ -182,7 +182,7 @@ pub struct Hostile {
 impl Hostile {
     /// Connect to `daemon` (exporting `export`), FUSE_INIT done unless `extra` has --no-init.
     pub fn connect(lab: &Lab, daemon: &Daemon, export: &str, extra: &[&str]) -> Hostile {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd-bench"))
+        let mut child = Command::new(super::bench_binary())
             .args(["hostile", "serve", "--socket"])
             .arg(&daemon.socket)
             .arg("--ceph-conf")
