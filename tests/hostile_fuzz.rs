@@ -29,7 +29,7 @@ fn hostile_fuzz_keeps_the_daemon_alive_inside_its_export_and_bounded() {
         std::env::var("HOSTILE_FUZZ_DAEMON_ARGS").unwrap_or_else(|_| "--log-level error".into());
     let daemon_args: Vec<&str> = daemon_args.split_whitespace().collect();
     let (daemon, export, metrics) = hostile_daemon(&lab, "hostile-fuzz", &daemon_args);
-    let out = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd-bench"))
+    let out = Command::new(common::bench_binary())
         .args(["hostile", "fuzz", "--socket"])
         .arg(&daemon.socket)
         .arg("--ceph-conf")

@@ -127,7 +127,7 @@ fn hostile_malformed_headers_are_refused_and_the_daemon_keeps_serving() {
     let lookup = Body::new().name(b"f").0;
     // A header whose length is shorter than a header, or longer than what the chain holds:
     // never served as if it were whole.
-    for (o, body) in [(op::GETATTR, &getattr), (op::LOOKUP, &lookup)] {
+    for (o, body) in [(op::FUSE_GETATTR, &getattr), (op::FUSE_LOOKUP, &lookup)] {
         let real = (40 + body.len()) as u32;
         for len in [0, 1, 8, 39, real + 1, real + 4096, 1 << 20, u32::MAX] {
             let u = h.next_unique();
@@ -143,7 +143,7 @@ fn hostile_malformed_headers_are_refused_and_the_daemon_keeps_serving() {
     // Fewer bytes than a header at all.
     for n in [0usize, 1, 8, 39] {
         let u = h.next_unique();
-        let bytes = request(op::GETATTR, u, 1, None, &getattr);
+        let bytes = request(op::FUSE_GETATTR, u, 1, None, &getattr);
         let a = h.raw(1, &bytes[..n], REPLY);
         let what = format!("a {n}-byte request");
         f.check(
@@ -154,7 +154,7 @@ fn hostile_malformed_headers_are_refused_and_the_daemon_keeps_serving() {
     }
     // Unique 0 (reserved for notifications) and a unique reused from the last request.
     for u in [0u64, u64::MAX] {
-        let a = h.raw(1, &request(op::GETATTR, u, 1, None, &getattr), REPLY);
+        let a = h.raw(1, &request(op::FUSE_GETATTR, u, 1, None, &getattr), REPLY);
         f.survived(&mut h, &format!("GETATTR with unique {u}"), &a);
     }
     // A second FUSE_INIT with a major version that does not exist, then a normal one.
@@ -167,7 +167,7 @@ fn hostile_malformed_headers_are_refused_and_the_daemon_keeps_serving() {
             .bytes(&[0; 48])
             .0;
         let u = h.next_unique();
-        let a = h.raw(1, &request(op::INIT, u, 0, None, &body), REPLY);
+        let a = h.raw(1, &request(op::FUSE_INIT, u, 0, None, &body), REPLY);
         f.survived(&mut h, &format!("INIT with major {major}"), &a);
     }
     f.assert_none(&daemon);
@@ -182,7 +182,7 @@ fn hostile_malformed_chains_are_returned_and_the_daemon_keeps_serving() {
     let mut f = Failures::new();
     let u = h.next_unique();
     let g = common::hostile::hex(&request(
-        op::GETATTR,
+        op::FUSE_GETATTR,
         u,
         1,
         None,
@@ -320,7 +320,11 @@ fn hostile_unknown_node_ids_and_handles_are_refused() {
             ("OPEN", h.open(n, libc::O_RDONLY as u32)),
             (
                 "MKDIR",
-                h.req(op::MKDIR, n, &Body::new().u32(0o755).u32(0).name(b"m").0),
+                h.req(
+                    op::FUSE_MKDIR,
+                    n,
+                    &Body::new().u32(0o755).u32(0).name(b"m").0,
+                ),
             ),
         ] {
             let what = format!("{name} on node {n:#x}");
@@ -337,7 +341,7 @@ fn hostile_unknown_node_ids_and_handles_are_refused() {
             (
                 "WRITE",
                 h.req(
-                    op::WRITE,
+                    op::FUSE_WRITE,
                     file,
                     &Body::new()
                         .u64(fh)
@@ -358,12 +362,16 @@ fn hostile_unknown_node_ids_and_handles_are_refused() {
             ),
             (
                 "FLUSH",
-                h.req(op::FLUSH, file, &Body::new().u64(fh).u32(0).u32(0).u64(0).0),
+                h.req(
+                    op::FUSE_FLUSH,
+                    file,
+                    &Body::new().u64(fh).u32(0).u32(0).u64(0).0,
+                ),
             ),
             (
                 "GETLK",
                 h.req(
-                    op::GETLK,
+                    op::FUSE_GETLK,
                     file,
                     &Body::new()
                         .u64(fh)
@@ -421,7 +429,7 @@ fn hostile_unknown_node_ids_and_handles_are_refused() {
     let a = h.raw(
         0,
         &request(
-            op::BATCH_FORGET,
+            op::FUSE_BATCH_FORGET,
             u,
             0,
             None,
@@ -455,15 +463,15 @@ fn hostile_names_with_slash_overlong_or_unterminated_are_refused() {
     for (what, name, nul) in &names {
         let n = |b: Body| if *nul { b.name(name) } else { b.bytes(name) };
         let attempts = [
-            ("LOOKUP", h.req(op::LOOKUP, 1, &n(Body::new()).0)),
+            ("LOOKUP", h.req(op::FUSE_LOOKUP, 1, &n(Body::new()).0)),
             (
                 "MKDIR",
-                h.req(op::MKDIR, 1, &n(Body::new().u32(0o755).u32(0)).0),
+                h.req(op::FUSE_MKDIR, 1, &n(Body::new().u32(0o755).u32(0)).0),
             ),
             (
                 "MKNOD",
                 h.req(
-                    op::MKNOD,
+                    op::FUSE_MKNOD,
                     1,
                     &n(Body::new().u32(libc::S_IFREG | 0o644).u32(0).u32(0).u32(0)).0,
                 ),
@@ -471,7 +479,7 @@ fn hostile_names_with_slash_overlong_or_unterminated_are_refused() {
             (
                 "CREATE",
                 h.req(
-                    op::CREATE,
+                    op::FUSE_CREATE,
                     1,
                     &n(Body::new()
                         .u32(libc::O_RDWR as u32 | libc::O_CREAT as u32)
@@ -483,13 +491,13 @@ fn hostile_names_with_slash_overlong_or_unterminated_are_refused() {
             ),
             (
                 "SYMLINK",
-                h.req(op::SYMLINK, 1, &n(Body::new()).name(b"f").0),
+                h.req(op::FUSE_SYMLINK, 1, &n(Body::new()).name(b"f").0),
             ),
-            ("UNLINK", h.req(op::UNLINK, 1, &n(Body::new()).0)),
-            ("RMDIR", h.req(op::RMDIR, 1, &n(Body::new()).0)),
+            ("UNLINK", h.req(op::FUSE_UNLINK, 1, &n(Body::new()).0)),
+            ("RMDIR", h.req(op::FUSE_RMDIR, 1, &n(Body::new()).0)),
             (
                 "RENAME f to it",
-                h.req(op::RENAME, 1, &n(Body::new().u64(1).name(b"f")).0),
+                h.req(op::FUSE_RENAME, 1, &n(Body::new().u64(1).name(b"f")).0),
             ),
         ];
         for (opname, a) in attempts {
@@ -553,7 +561,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "WRITE",
                 h.req(
-                    op::WRITE,
+                    op::FUSE_WRITE,
                     file,
                     &Body::new()
                         .u64(fh)
@@ -570,7 +578,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "LSEEK SEEK_SET",
                 h.req(
-                    op::LSEEK,
+                    op::FUSE_LSEEK,
                     file,
                     &Body::new().u64(fh).u64(off).u32(0).u32(0).0,
                 ),
@@ -578,7 +586,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "LSEEK SEEK_DATA",
                 h.req(
-                    op::LSEEK,
+                    op::FUSE_LSEEK,
                     file,
                     &Body::new().u64(fh).u64(off).u32(3).u32(0).0,
                 ),
@@ -586,7 +594,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "FALLOCATE",
                 h.req(
-                    op::FALLOCATE,
+                    op::FUSE_FALLOCATE,
                     file,
                     &Body::new().u64(fh).u64(off).u64(4096).u32(0).u32(0).0,
                 ),
@@ -594,7 +602,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "FALLOCATE at 0 with that length",
                 h.req(
-                    op::FALLOCATE,
+                    op::FUSE_FALLOCATE,
                     file,
                     &Body::new().u64(fh).u64(0).u64(off).u32(0).u32(0).0,
                 ),
@@ -602,7 +610,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "COPY_FILE_RANGE from it",
                 h.req(
-                    op::COPY_FILE_RANGE,
+                    op::FUSE_COPY_FILE_RANGE,
                     file,
                     &Body::new()
                         .u64(fh)
@@ -618,7 +626,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "COPY_FILE_RANGE to it",
                 h.req(
-                    op::COPY_FILE_RANGE,
+                    op::FUSE_COPY_FILE_RANGE,
                     file,
                     &Body::new()
                         .u64(fh)
@@ -634,7 +642,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "SETATTR size",
                 h.req(
-                    op::SETATTR,
+                    op::FUSE_SETATTR,
                     file,
                     &Body::new()
                         .u32(1 << 3)
@@ -659,7 +667,7 @@ fn hostile_offsets_past_i64_are_refused() {
             (
                 "SETLK start",
                 h.req(
-                    op::SETLK,
+                    op::FUSE_SETLK,
                     file,
                     &Body::new()
                         .u64(fh)
@@ -681,7 +689,7 @@ fn hostile_offsets_past_i64_are_refused() {
         }
         // A directory offset nobody handed out: an error or an empty listing, never a crash.
         let a = h.req(
-            op::READDIRPLUS,
+            op::FUSE_READDIRPLUS,
             dir,
             &Body::new()
                 .u64(dfh)
@@ -955,17 +963,17 @@ fn hostile_replies_the_guest_cannot_receive_leak_no_handle_or_node() {
     for (i, tokens) in ["w:15", "xw:oob:4096", "w:0"].iter().enumerate() {
         for _ in 0..20 {
             let u = h.next_unique();
-            let open = request(op::OPEN, u, file, None, &Body::new().u32(0).u32(0).0);
+            let open = request(op::FUSE_OPEN, u, file, None, &Body::new().u32(0).u32(0).0);
             let a = h.chain(1, &format!("r:{} {tokens}", common::hostile::hex(&open)));
             assert!(
                 !matches!(a, Answer::Lost | Answer::Bogus(_)),
                 "case {i}: {a:?}"
             );
             let u = h.next_unique();
-            let opendir = request(op::OPENDIR, u, 1, None, &Body::new().u32(0).u32(0).0);
+            let opendir = request(op::FUSE_OPENDIR, u, 1, None, &Body::new().u32(0).u32(0).0);
             h.chain(1, &format!("r:{} {tokens}", common::hostile::hex(&opendir)));
             let u = h.next_unique();
-            let lookup = request(op::LOOKUP, u, 1, None, &Body::new().name(b"d").0);
+            let lookup = request(op::FUSE_LOOKUP, u, 1, None, &Body::new().name(b"d").0);
             h.chain(1, &format!("r:{} {tokens}", common::hostile::hex(&lookup)));
         }
     }
@@ -998,7 +1006,7 @@ fn hostile_mknod_of_a_directory_type_is_refused_and_the_mds_survives() {
         ("every type bit (0o170000)", libc::S_IFMT | 0o644),
     ] {
         let a = h.req(
-            op::MKNOD,
+            op::FUSE_MKNOD,
             1,
             &Body::new()
                 .u32(mode)
@@ -1047,7 +1055,7 @@ fn hostile_truncate_of_a_directory_is_refused() {
                 .u64(size)
                 .bytes(&[0; 64])
                 .0;
-            let a = h.req_as_root(op::SETATTR, node, &body);
+            let a = h.req_as_root(op::FUSE_SETATTR, node, &body);
             let w = format!("SETATTR size {size} of {what}");
             f.check(
                 errno_of(&a) == Some(libc::EISDIR),
@@ -1087,35 +1095,35 @@ fn hostile_a_file_as_the_parent_of_a_name_gets_enotdir() {
         .u32(libc::S_IFREG | 0o755)
         .bytes(&[0; 16])
         .0;
-    let a = h.req_as_root(op::SETATTR, file, &chmod);
+    let a = h.req_as_root(op::FUSE_SETATTR, file, &chmod);
     f.check(a.error() == Some(0), format!("SETATTR f mode 0755: {a:?}"));
-    let a = h.req_as_root(op::LINK, 1, &Body::new().u64(file).name(b"f2").0);
+    let a = h.req_as_root(op::FUSE_LINK, 1, &Body::new().u64(file).name(b"f2").0);
     f.check(a.error() == Some(0), format!("LINK f f2: {a:?}"));
     h.lookup(1, b"f2").entry().expect("lookup f2");
     let with_name = |head: Body| head.name(b"x").0;
     let cases: Vec<(&str, u32, u64, Vec<u8>)> = vec![
-        ("LOOKUP", op::LOOKUP, file, Body::new().name(b"x").0),
+        ("LOOKUP", op::FUSE_LOOKUP, file, Body::new().name(b"x").0),
         (
             "MKDIR",
-            op::MKDIR,
+            op::FUSE_MKDIR,
             file,
             with_name(Body::new().u32(0o755).u32(0)),
         ),
         (
             "MKNOD",
-            op::MKNOD,
+            op::FUSE_MKNOD,
             file,
             with_name(Body::new().u32(libc::S_IFREG | 0o644).u32(0).u32(0).u32(0)),
         ),
         (
             "SYMLINK",
-            op::SYMLINK,
+            op::FUSE_SYMLINK,
             file,
             Body::new().name(b"x").name(b"t").0,
         ),
         (
             "CREATE",
-            op::CREATE,
+            op::FUSE_CREATE,
             file,
             with_name(
                 Body::new()
@@ -1128,21 +1136,21 @@ fn hostile_a_file_as_the_parent_of_a_name_gets_enotdir() {
         // LINK: the header names the new parent, the body the node to link.
         (
             "LINK into it",
-            op::LINK,
+            op::FUSE_LINK,
             file,
             Body::new().u64(file).name(b"x").0,
         ),
-        ("UNLINK", op::UNLINK, file, Body::new().name(b"x").0),
-        ("RMDIR", op::RMDIR, file, Body::new().name(b"x").0),
+        ("UNLINK", op::FUSE_UNLINK, file, Body::new().name(b"x").0),
+        ("RMDIR", op::FUSE_RMDIR, file, Body::new().name(b"x").0),
         (
             "RENAME out of it",
-            op::RENAME,
+            op::FUSE_RENAME,
             file,
             Body::new().u64(1).name(b"x").name(b"y").0,
         ),
         (
             "RENAME into it",
-            op::RENAME,
+            op::FUSE_RENAME,
             1,
             Body::new().u64(file).name(b"f").name(b"y").0,
         ),
@@ -1159,7 +1167,7 @@ fn hostile_a_file_as_the_parent_of_a_name_gets_enotdir() {
         f.survived(&mut h, &w, &a);
     }
     // link(2) of a directory is EPERM (Linux), not a request for the MDS.
-    let a = h.req(op::LINK, 1, &Body::new().u64(dir).name(b"dl").0);
+    let a = h.req(op::FUSE_LINK, 1, &Body::new().u64(dir).name(b"dl").0);
     f.check(
         errno_of(&a) == Some(libc::EPERM),
         format!("LINK of the directory d: want EPERM, got {a:?}"),
@@ -1187,7 +1195,7 @@ fn hostile_log_flood_into_a_stalled_stderr_does_not_kill_the_daemon() {
     let mut f = Failures::new();
     for i in 0..3000u32 {
         // LOOKUP of a name without its NUL: refused, and logged with the name's bytes.
-        let a = h.req(op::LOOKUP, 1, &[b'n'; 200]);
+        let a = h.req(op::FUSE_LOOKUP, 1, &[b'n'; 200]);
         if matches!(a, Answer::Lost | Answer::Bogus(_)) {
             f.check(false, format!("request {i} of the flood: {a:?}"));
             break;

@@ -56,6 +56,7 @@
     )
 )]
 
+pub mod admin_socket;
 pub mod sys;
 
 mod dir;

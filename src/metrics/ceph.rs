@@ -4,8 +4,8 @@
 //! client serves Ceph's admin socket protocol when the `admin_socket` option names a path (the
 //! daemon sets one when metrics are on). We ask it `mds_sessions` (one entry per MDS session with
 //! its state: opening/open/stale/closing ...; and the caps held) and `mds_requests` (metadata
-//! requests sent and not yet answered). Protocol: send the JSON command and a NUL byte; the answer
-//! is a 4-byte big-endian length and that many bytes of JSON. libcephfs writes its
+//! requests sent and not yet answered), through `ceph_client::admin_socket` (the protocol, which
+//! the bench's reader of perf counters shares). libcephfs writes its
 //! `mds_requests` answer as one object with a key "request" per request
 //! (`{"request": {...}, "request": {...}}`): a JSON map keeps only one of them, so those keys are
 //! counted as they are parsed ([`count_mds_requests`]).
@@ -18,13 +18,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
 
 use super::text::{Kind, TextWriter};
 
-/// Largest admin socket answer we read (a `mds_requests` dump of many requests stays far below).
-const MAX_ANSWER: u32 = 16 << 20;
 /// Per-command deadline: a scrape must not hang on a wedged client.
 const TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -235,34 +231,14 @@ pub async fn command(path: &Path, prefix: &str) -> std::io::Result<Value> {
 
 /// One admin socket command, with a deadline: the answer's bytes.
 pub async fn command_raw(path: &Path, prefix: &str) -> std::io::Result<Vec<u8>> {
-    match tokio::time::timeout(TIMEOUT, command_inner(path, prefix)).await {
-        Ok(result) => result,
-        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
-    }
-}
-
-async fn command_inner(path: &Path, prefix: &str) -> std::io::Result<Vec<u8>> {
-    let mut stream = UnixStream::connect(path).await?;
-    let mut request = serde_json::json!({ "prefix": prefix })
-        .to_string()
-        .into_bytes();
-    request.push(0);
-    stream.write_all(&request).await?;
-    let len = stream.read_u32().await?;
-    if len > MAX_ANSWER {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("admin socket answer of {len} bytes is too large"),
-        ));
-    }
-    let mut body = vec![0u8; usize::try_from(len).unwrap_or(0)];
-    stream.read_exact(&mut body).await?;
-    Ok(body)
+    let request = serde_json::json!({ "prefix": prefix }).to_string();
+    ceph_client::admin_socket::command_async(path, &request, TIMEOUT).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn parses_sessions_and_requests() {

@@ -8,36 +8,74 @@ use std::io;
 
 use fuse_backend_rs::api::filesystem::Context;
 
-/// Opcode numbers (Linux `include/uapi/linux/fuse.h`; the unit test holds them to
-/// fuse-backend-rs's `Opcode`, whose discriminants only `as` could reach in a const).
-pub const FUSE_LOOKUP: u32 = 1;
-pub const FUSE_FORGET: u32 = 2;
-pub const FUSE_BATCH_FORGET: u32 = 42;
-pub const FUSE_READ: u32 = 15;
-pub const FUSE_WRITE: u32 = 16;
-pub const FUSE_RELEASE: u32 = 18;
-pub const FUSE_FSYNC: u32 = 20;
-pub const FUSE_FLUSH: u32 = 25;
-pub const FUSE_READDIR: u32 = 28;
-pub const FUSE_RELEASEDIR: u32 = 29;
-pub const FUSE_FSYNCDIR: u32 = 30;
-pub const FUSE_GETLK: u32 = 31;
-pub const FUSE_SETLK: u32 = 32;
-pub const FUSE_FALLOCATE: u32 = 43;
-pub const FUSE_READDIRPLUS: u32 = 44;
-pub const FUSE_LSEEK: u32 = 46;
+pub use opcode::*;
+
+/// Opcode numbers (Linux `include/uapi/linux/fuse.h`, `enum fuse_opcode`): the one table the
+/// daemon, its tests and the bench (`ceph-virtiofsd-bench`, which writes requests by hand) share.
+/// The unit tests hold them to fuse-backend-rs's `Opcode` (whose discriminants only `as` could
+/// reach in a const) and to [`opcode_name`].
+pub mod opcode {
+    pub const FUSE_LOOKUP: u32 = 1;
+    pub const FUSE_FORGET: u32 = 2;
+    pub const FUSE_GETATTR: u32 = 3;
+    pub const FUSE_SETATTR: u32 = 4;
+    pub const FUSE_READLINK: u32 = 5;
+    pub const FUSE_SYMLINK: u32 = 6;
+    pub const FUSE_MKNOD: u32 = 8;
+    pub const FUSE_MKDIR: u32 = 9;
+    pub const FUSE_UNLINK: u32 = 10;
+    pub const FUSE_RMDIR: u32 = 11;
+    pub const FUSE_RENAME: u32 = 12;
+    pub const FUSE_LINK: u32 = 13;
+    pub const FUSE_OPEN: u32 = 14;
+    pub const FUSE_READ: u32 = 15;
+    pub const FUSE_WRITE: u32 = 16;
+    pub const FUSE_STATFS: u32 = 17;
+    pub const FUSE_RELEASE: u32 = 18;
+    pub const FUSE_FSYNC: u32 = 20;
+    pub const FUSE_SETXATTR: u32 = 21;
+    pub const FUSE_GETXATTR: u32 = 22;
+    pub const FUSE_LISTXATTR: u32 = 23;
+    pub const FUSE_REMOVEXATTR: u32 = 24;
+    pub const FUSE_FLUSH: u32 = 25;
+    pub const FUSE_INIT: u32 = 26;
+    pub const FUSE_OPENDIR: u32 = 27;
+    pub const FUSE_READDIR: u32 = 28;
+    pub const FUSE_RELEASEDIR: u32 = 29;
+    pub const FUSE_FSYNCDIR: u32 = 30;
+    pub const FUSE_GETLK: u32 = 31;
+    pub const FUSE_SETLK: u32 = 32;
+    /// FUSE_SETLKW: fuse-backend-rs 0.14 dispatches it to `FileSystem::setlk`, so a blocking
+    /// lock request would fail with EAGAIN instead of waiting; we dispatch it to `setlkw`
+    /// ourselves.
+    pub const FUSE_SETLKW: u32 = 33;
+    pub const FUSE_ACCESS: u32 = 34;
+    pub const FUSE_CREATE: u32 = 35;
+    pub const FUSE_INTERRUPT: u32 = 36;
+    pub const FUSE_BMAP: u32 = 37;
+    pub const FUSE_DESTROY: u32 = 38;
+    pub const FUSE_IOCTL: u32 = 39;
+    pub const FUSE_POLL: u32 = 40;
+    pub const FUSE_NOTIFY_REPLY: u32 = 41;
+    pub const FUSE_BATCH_FORGET: u32 = 42;
+    pub const FUSE_FALLOCATE: u32 = 43;
+    pub const FUSE_READDIRPLUS: u32 = 44;
+    pub const FUSE_RENAME2: u32 = 45;
+    pub const FUSE_LSEEK: u32 = 46;
+    pub const FUSE_COPY_FILE_RANGE: u32 = 47;
+    pub const FUSE_SETUPMAPPING: u32 = 48;
+    pub const FUSE_REMOVEMAPPING: u32 = 49;
+    /// Protocol 7.34; fuse-backend-rs 0.14 has no `Opcode` for it (nor for the ones below).
+    pub const FUSE_SYNCFS: u32 = 50;
+    pub const FUSE_TMPFILE: u32 = 51;
+    pub const FUSE_STATX: u32 = 52;
+}
+
 /// Size of `struct fuse_out_header`.
 pub const OUT_HEADER_LEN: usize = 16;
 /// Out-header plus `struct fuse_write_out` or `fuse_entry_out.nodeid`: what
 /// [`ReplyHead::parse`] needs to see.
 pub const REPLY_HEAD_LEN: usize = OUT_HEADER_LEN + 8;
-/// FUSE_COPY_FILE_RANGE (Linux `include/uapi/linux/fuse.h`).
-pub const FUSE_COPY_FILE_RANGE: u32 = 47;
-/// FUSE_SYNCFS (protocol 7.34).
-pub const FUSE_SYNCFS: u32 = 50;
-/// FUSE_SETLKW: fuse-backend-rs 0.14 dispatches it to `FileSystem::setlk`, so a blocking lock
-/// request would fail with EAGAIN instead of waiting; we dispatch it to `setlkw` ourselves.
-pub const FUSE_SETLKW: u32 = 33;
 
 /// Operations fuse-backend-rs 0.14 does not dispatch; the filesystem implements them.
 ///
@@ -238,32 +276,117 @@ mod tests {
         head
     }
 
+    /// Every opcode constant: its name without `FUSE_`, and fuse-backend-rs's `Opcode` when it
+    /// has one.
+    fn all_opcodes() -> Vec<(u32, &'static str, Option<u32>)> {
+        use fuse_backend_rs::abi::fuse_abi::Opcode;
+        vec![
+            (FUSE_LOOKUP, "LOOKUP", Some(Opcode::Lookup as u32)),
+            (FUSE_FORGET, "FORGET", Some(Opcode::Forget as u32)),
+            (FUSE_GETATTR, "GETATTR", Some(Opcode::Getattr as u32)),
+            (FUSE_SETATTR, "SETATTR", Some(Opcode::Setattr as u32)),
+            (FUSE_READLINK, "READLINK", Some(Opcode::Readlink as u32)),
+            (FUSE_SYMLINK, "SYMLINK", Some(Opcode::Symlink as u32)),
+            (FUSE_MKNOD, "MKNOD", Some(Opcode::Mknod as u32)),
+            (FUSE_MKDIR, "MKDIR", Some(Opcode::Mkdir as u32)),
+            (FUSE_UNLINK, "UNLINK", Some(Opcode::Unlink as u32)),
+            (FUSE_RMDIR, "RMDIR", Some(Opcode::Rmdir as u32)),
+            (FUSE_RENAME, "RENAME", Some(Opcode::Rename as u32)),
+            (FUSE_LINK, "LINK", Some(Opcode::Link as u32)),
+            (FUSE_OPEN, "OPEN", Some(Opcode::Open as u32)),
+            (FUSE_READ, "READ", Some(Opcode::Read as u32)),
+            (FUSE_WRITE, "WRITE", Some(Opcode::Write as u32)),
+            (FUSE_STATFS, "STATFS", Some(Opcode::Statfs as u32)),
+            (FUSE_RELEASE, "RELEASE", Some(Opcode::Release as u32)),
+            (FUSE_FSYNC, "FSYNC", Some(Opcode::Fsync as u32)),
+            (FUSE_SETXATTR, "SETXATTR", Some(Opcode::Setxattr as u32)),
+            (FUSE_GETXATTR, "GETXATTR", Some(Opcode::Getxattr as u32)),
+            (FUSE_LISTXATTR, "LISTXATTR", Some(Opcode::Listxattr as u32)),
+            (
+                FUSE_REMOVEXATTR,
+                "REMOVEXATTR",
+                Some(Opcode::Removexattr as u32),
+            ),
+            (FUSE_FLUSH, "FLUSH", Some(Opcode::Flush as u32)),
+            (FUSE_INIT, "INIT", Some(Opcode::Init as u32)),
+            (FUSE_OPENDIR, "OPENDIR", Some(Opcode::Opendir as u32)),
+            (FUSE_READDIR, "READDIR", Some(Opcode::Readdir as u32)),
+            (
+                FUSE_RELEASEDIR,
+                "RELEASEDIR",
+                Some(Opcode::Releasedir as u32),
+            ),
+            (FUSE_FSYNCDIR, "FSYNCDIR", Some(Opcode::Fsyncdir as u32)),
+            (FUSE_GETLK, "GETLK", Some(Opcode::Getlk as u32)),
+            (FUSE_SETLK, "SETLK", Some(Opcode::Setlk as u32)),
+            (FUSE_SETLKW, "SETLKW", Some(Opcode::Setlkw as u32)),
+            (FUSE_ACCESS, "ACCESS", Some(Opcode::Access as u32)),
+            (FUSE_CREATE, "CREATE", Some(Opcode::Create as u32)),
+            (FUSE_INTERRUPT, "INTERRUPT", Some(Opcode::Interrupt as u32)),
+            (FUSE_BMAP, "BMAP", Some(Opcode::Bmap as u32)),
+            (FUSE_DESTROY, "DESTROY", Some(Opcode::Destroy as u32)),
+            (FUSE_IOCTL, "IOCTL", Some(Opcode::Ioctl as u32)),
+            (FUSE_POLL, "POLL", Some(Opcode::Poll as u32)),
+            (
+                FUSE_NOTIFY_REPLY,
+                "NOTIFY_REPLY",
+                Some(Opcode::NotifyReply as u32),
+            ),
+            (
+                FUSE_BATCH_FORGET,
+                "BATCH_FORGET",
+                Some(Opcode::BatchForget as u32),
+            ),
+            (FUSE_FALLOCATE, "FALLOCATE", Some(Opcode::Fallocate as u32)),
+            (
+                FUSE_READDIRPLUS,
+                "READDIRPLUS",
+                Some(Opcode::Readdirplus as u32),
+            ),
+            (FUSE_RENAME2, "RENAME2", Some(Opcode::Rename2 as u32)),
+            (FUSE_LSEEK, "LSEEK", Some(Opcode::Lseek as u32)),
+            (
+                FUSE_COPY_FILE_RANGE,
+                "COPY_FILE_RANGE",
+                Some(Opcode::CopyFileRange as u32),
+            ),
+            (
+                FUSE_SETUPMAPPING,
+                "SETUPMAPPING",
+                Some(Opcode::SetupMapping as u32),
+            ),
+            (
+                FUSE_REMOVEMAPPING,
+                "REMOVEMAPPING",
+                Some(Opcode::RemoveMapping as u32),
+            ),
+            (FUSE_SYNCFS, "SYNCFS", None),
+            (FUSE_TMPFILE, "TMPFILE", None),
+            (FUSE_STATX, "STATX", None),
+        ]
+    }
+
     #[test]
     fn opcode_numbers_are_fuse_backend_rs_opcodes() {
-        use fuse_backend_rs::abi::fuse_abi::Opcode;
-        let ours = [
-            (FUSE_LOOKUP, Opcode::Lookup as u32),
-            (FUSE_FORGET, Opcode::Forget as u32),
-            (FUSE_BATCH_FORGET, Opcode::BatchForget as u32),
-            (FUSE_READ, Opcode::Read as u32),
-            (FUSE_WRITE, Opcode::Write as u32),
-            (FUSE_RELEASE, Opcode::Release as u32),
-            (FUSE_FSYNC, Opcode::Fsync as u32),
-            (FUSE_FLUSH, Opcode::Flush as u32),
-            (FUSE_READDIR, Opcode::Readdir as u32),
-            (FUSE_RELEASEDIR, Opcode::Releasedir as u32),
-            (FUSE_FSYNCDIR, Opcode::Fsyncdir as u32),
-            (FUSE_GETLK, Opcode::Getlk as u32),
-            (FUSE_SETLK, Opcode::Setlk as u32),
-            (FUSE_SETLKW, Opcode::Setlkw as u32),
-            (FUSE_FALLOCATE, Opcode::Fallocate as u32),
-            (FUSE_READDIRPLUS, Opcode::Readdirplus as u32),
-            (FUSE_LSEEK, Opcode::Lseek as u32),
-            (FUSE_COPY_FILE_RANGE, Opcode::CopyFileRange as u32),
-        ];
-        for (i, (wire, library)) in ours.into_iter().enumerate() {
-            assert_eq!(wire, library, "opcode constant {i}");
+        for (wire, name, library) in all_opcodes() {
+            if let Some(library) = library {
+                assert_eq!(wire, library, "FUSE_{name}");
+            }
         }
+    }
+
+    #[test]
+    fn every_opcode_has_its_name() {
+        let all = all_opcodes();
+        for (wire, name, _) in &all {
+            assert_eq!(opcode_name(*wire as usize), *name, "opcode {wire}");
+        }
+        // And every named opcode has its constant: 1..=52 but the two unused numbers.
+        let numbers: Vec<u32> = all.iter().map(|(n, _, _)| *n).collect();
+        let named: Vec<u32> = (0..=60u32)
+            .filter(|n| opcode_name(*n as usize) != "UNKNOWN")
+            .collect();
+        assert_eq!(numbers, named);
     }
 
     #[test]

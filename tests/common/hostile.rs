@@ -14,39 +14,8 @@ pub const OUT_HDR: usize = 16;
 /// Writable bytes offered to a reply.
 pub const REPLY: u32 = 132 * 1024;
 
-pub mod op {
-    pub const LOOKUP: u32 = 1;
-    pub const FORGET: u32 = 2;
-    pub const GETATTR: u32 = 3;
-    pub const SETATTR: u32 = 4;
-    pub const SYMLINK: u32 = 6;
-    pub const MKNOD: u32 = 8;
-    pub const MKDIR: u32 = 9;
-    pub const UNLINK: u32 = 10;
-    pub const RMDIR: u32 = 11;
-    pub const RENAME: u32 = 12;
-    pub const LINK: u32 = 13;
-    pub const OPEN: u32 = 14;
-    pub const READ: u32 = 15;
-    pub const WRITE: u32 = 16;
-    pub const RELEASE: u32 = 18;
-    pub const GETXATTR: u32 = 22;
-    pub const FLUSH: u32 = 25;
-    pub const INIT: u32 = 26;
-    pub const OPENDIR: u32 = 27;
-    pub const READDIR: u32 = 28;
-    pub const RELEASEDIR: u32 = 29;
-    pub const GETLK: u32 = 31;
-    pub const SETLK: u32 = 32;
-    pub const CREATE: u32 = 35;
-    pub const DESTROY: u32 = 38;
-    pub const BATCH_FORGET: u32 = 42;
-    pub const FALLOCATE: u32 = 43;
-    pub const READDIRPLUS: u32 = 44;
-    pub const RENAME2: u32 = 45;
-    pub const LSEEK: u32 = 46;
-    pub const COPY_FILE_RANGE: u32 = 47;
-}
+/// FUSE opcode numbers: the daemon's table (`server::wire`), which the bench's frontend uses too.
+pub use ceph_virtiofsd::server::wire::opcode as op;
 
 /// What became of one chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,7 +151,7 @@ pub struct Hostile {
 impl Hostile {
     /// Connect to `daemon` (exporting `export`), FUSE_INIT done unless `extra` has --no-init.
     pub fn connect(lab: &Lab, daemon: &Daemon, export: &str, extra: &[&str]) -> Hostile {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd-bench"))
+        let mut child = Command::new(super::bench_binary())
             .args(["hostile", "serve", "--socket"])
             .arg(&daemon.socket)
             .arg("--ceph-conf")
@@ -290,29 +259,33 @@ impl Hostile {
     }
 
     pub fn lookup(&mut self, parent: u64, name: &[u8]) -> Answer {
-        self.req(op::LOOKUP, parent, &Body::new().name(name).0)
+        self.req(op::FUSE_LOOKUP, parent, &Body::new().name(name).0)
     }
 
     pub fn getattr(&mut self, node: u64) -> Answer {
-        self.req(op::GETATTR, node, &Body::new().u32(0).u32(0).u64(0).0)
+        self.req(op::FUSE_GETATTR, node, &Body::new().u32(0).u32(0).u64(0).0)
     }
 
     pub fn open(&mut self, node: u64, flags: u32) -> Answer {
-        self.req(op::OPEN, node, &Body::new().u32(flags).u32(0).0)
+        self.req(op::FUSE_OPEN, node, &Body::new().u32(flags).u32(0).0)
     }
 
     pub fn opendir(&mut self, node: u64) -> Answer {
-        self.req(op::OPENDIR, node, &Body::new().u32(0).u32(0).0)
+        self.req(op::FUSE_OPENDIR, node, &Body::new().u32(0).u32(0).0)
     }
 
     pub fn release(&mut self, node: u64, fh: u64, dir: bool) -> Answer {
-        let o = if dir { op::RELEASEDIR } else { op::RELEASE };
+        let o = if dir {
+            op::FUSE_RELEASEDIR
+        } else {
+            op::FUSE_RELEASE
+        };
         self.req(o, node, &Body::new().u64(fh).u32(0).u32(0).u64(0).0)
     }
 
     pub fn read(&mut self, node: u64, fh: u64, offset: u64, size: u32) -> Answer {
         self.req(
-            op::READ,
+            op::FUSE_READ,
             node,
             &Body::new()
                 .u64(fh)
@@ -328,7 +301,7 @@ impl Hostile {
 
     pub fn readdirplus(&mut self, node: u64, fh: u64) -> Answer {
         self.req(
-            op::READDIRPLUS,
+            op::FUSE_READDIRPLUS,
             node,
             &Body::new()
                 .u64(fh)
@@ -349,7 +322,7 @@ impl Hostile {
             b = b.u64(n).u64(c);
         }
         let u = self.next_unique();
-        self.raw(0, &request(op::BATCH_FORGET, u, 0, None, &b.0), 0)
+        self.raw(0, &request(op::FUSE_BATCH_FORGET, u, 0, None, &b.0), 0)
     }
 
     /// Does the daemon still answer a GETATTR of node 1?

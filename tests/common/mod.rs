@@ -35,6 +35,31 @@ pub fn errno<T>(r: std::io::Result<T>) -> i32 {
     }
 }
 
+/// The `ceph-virtiofsd-bench` binary (the hostile guest's frontend), which lives in a crate of
+/// its own (`bench/`), so cargo gives this package's tests no `CARGO_BIN_EXE_` for it: the
+/// path in `CEPH_VIRTIOFSD_BENCH` if set, else the one next to this test executable's profile
+/// directory (`target/<profile>/deps/TEST` → `target/<profile>/ceph-virtiofsd-bench`).
+/// `tests/run` builds it before testing; a bare `cargo test` does not.
+pub fn bench_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("CEPH_VIRTIOFSD_BENCH") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("the test executable's path");
+    let profile = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable lives in target/<profile>/deps");
+    let bench = profile.join("ceph-virtiofsd-bench");
+    assert!(
+        bench.is_file(),
+        "{} is missing: build it first with `cargo build -p ceph-virtiofsd-bench` (add \
+         --release for a release test run; `cargo build --workspace` builds it too, and \
+         tests/run does), or point CEPH_VIRTIOFSD_BENCH at one",
+        bench.display()
+    );
+    bench
+}
+
 pub struct Lab {
     pub conf: PathBuf,
     pub client_id: String,

@@ -159,7 +159,7 @@ impl Session {
     pub fn alive(&mut self) -> Result<bool, DeviceError> {
         let unique = self.next_unique();
         let h = Header {
-            opcode: wire::GETATTR,
+            opcode: wire::FUSE_GETATTR,
             unique,
             nodeid: 1,
             ..Header::default()

@@ -1,50 +1,31 @@
 //! MDS requests per workload, read from a libcephfs client's perf counters through its admin
-//! socket (the protocol `ceph --admin-daemon PATH perf dump` speaks: a JSON command ended by
-//! NUL, answered by a 4-byte big-endian length and the JSON body). Talking to the socket
-//! directly takes ~1 ms; the `ceph` CLI takes seconds to start, too slow to run around every
-//! workload.
+//! socket (`ceph_client::admin_socket`, the reader the daemon's metrics use too: the command
+//! `ceph --admin-daemon PATH perf dump` sends). Talking to the socket directly takes ~1 ms; the
+//! `ceph` CLI takes seconds to start, too slow to run around every workload.
 //!
 //! Counter used: `client.reply.avgcount` (Pacific `l_c_reply`): incremented in
 //! `Client::make_request` once per reply the MDS sends to a metadata request of this client,
 //! i.e. the number of MDS round trips. Cap messages and leases are not requests and are not
 //! counted.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AsokError {
-    #[error("Admin socket {0}: {1} failed")]
-    Io(String, &'static str, #[source] std::io::Error),
+    #[error("Admin socket {0}: perf dump failed: {1}")]
+    Io(String, std::io::Error),
     #[error("Admin socket {0}: no client.reply.avgcount in the answer (not a libcephfs client?)")]
     NoCounter(String),
 }
 
-const COMMAND: &[u8] =
-    b"{\"prefix\": \"perf dump\", \"logger\": \"client\", \"counter\": \"reply\"}\0";
-const MAX_ANSWER: usize = 1 << 20;
+const COMMAND: &str = r#"{"prefix": "perf dump", "logger": "client", "counter": "reply"}"#;
 
 /// Reads the number of MDS replies this client has received so far.
 pub fn mds_replies(path: &Path) -> Result<u64, AsokError> {
     let p = path.display().to_string();
-    let io = |step| {
-        let p = p.clone();
-        move |e| AsokError::Io(p, step, e)
-    };
-    let mut s = UnixStream::connect(path).map_err(io("connecting"))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(io("setting a timeout"))?;
-    s.write_all(COMMAND).map_err(io("sending perf dump"))?;
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)
-        .map_err(io("reading the answer length"))?;
-    let n = usize::try_from(u32::from_be_bytes(len))
-        .unwrap_or(usize::MAX)
-        .min(MAX_ANSWER);
-    let mut body = vec![0u8; n];
-    s.read_exact(&mut body).map_err(io("reading the answer"))?;
+    let body = ceph_client::admin_socket::command(path, COMMAND, Duration::from_secs(10))
+        .map_err(|e| AsokError::Io(p.clone(), e))?;
     avgcount(&String::from_utf8_lossy(&body), "reply").ok_or(AsokError::NoCounter(p))
 }
 

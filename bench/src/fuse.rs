@@ -10,23 +10,8 @@ use vm_memory::ByteValued;
 
 use crate::backend::{Ctx, DirEntry, Op, OpError, Reply};
 
-pub const FUSE_LOOKUP: u32 = 1;
-pub const FUSE_GETATTR: u32 = 3;
-pub const FUSE_SETATTR: u32 = 4;
-pub const FUSE_MKNOD: u32 = 8;
-pub const FUSE_MKDIR: u32 = 9;
-pub const FUSE_UNLINK: u32 = 10;
-pub const FUSE_OPEN: u32 = 14;
-pub const FUSE_READ: u32 = 15;
-pub const FUSE_WRITE: u32 = 16;
-pub const FUSE_RELEASE: u32 = 18;
-pub const FUSE_FSYNC: u32 = 20;
-pub const FUSE_INIT: u32 = 26;
-pub const FUSE_OPENDIR: u32 = 27;
-pub const FUSE_RELEASEDIR: u32 = 29;
-pub const FUSE_CREATE: u32 = 35;
-pub const FUSE_BATCH_FORGET: u32 = 42;
-pub const FUSE_READDIRPLUS: u32 = 44;
+/// Opcode numbers: the daemon's table (`server::wire`).
+pub use ceph_virtiofsd::server::wire::opcode::*;
 
 /// `FUSE_WRITE_KILL_SUIDGID` (write_flags; the kernel sets it for callers without CAP_FSETID).
 pub const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;

@@ -13,53 +13,8 @@ const DIRENT: usize = size_of::<Dirent>();
 const ENTRY_INO: usize = 40;
 const ATTR_INO: usize = 16;
 
-pub const LOOKUP: u32 = 1;
-pub const FORGET: u32 = 2;
-pub const GETATTR: u32 = 3;
-pub const SETATTR: u32 = 4;
-pub const READLINK: u32 = 5;
-pub const SYMLINK: u32 = 6;
-pub const MKNOD: u32 = 8;
-pub const MKDIR: u32 = 9;
-pub const UNLINK: u32 = 10;
-pub const RMDIR: u32 = 11;
-pub const RENAME: u32 = 12;
-pub const LINK: u32 = 13;
-pub const OPEN: u32 = 14;
-pub const READ: u32 = 15;
-pub const WRITE: u32 = 16;
-pub const STATFS: u32 = 17;
-pub const RELEASE: u32 = 18;
-pub const FSYNC: u32 = 20;
-pub const SETXATTR: u32 = 21;
-pub const GETXATTR: u32 = 22;
-pub const LISTXATTR: u32 = 23;
-pub const REMOVEXATTR: u32 = 24;
-pub const FLUSH: u32 = 25;
-pub const INIT: u32 = 26;
-pub const OPENDIR: u32 = 27;
-pub const READDIR: u32 = 28;
-pub const RELEASEDIR: u32 = 29;
-pub const FSYNCDIR: u32 = 30;
-pub const GETLK: u32 = 31;
-pub const SETLK: u32 = 32;
-pub const SETLKW: u32 = 33;
-pub const ACCESS: u32 = 34;
-pub const CREATE: u32 = 35;
-pub const INTERRUPT: u32 = 36;
-pub const BMAP: u32 = 37;
-pub const IOCTL: u32 = 39;
-pub const POLL: u32 = 40;
-pub const NOTIFY_REPLY: u32 = 41;
-pub const BATCH_FORGET: u32 = 42;
-pub const FALLOCATE: u32 = 43;
-pub const READDIRPLUS: u32 = 44;
-pub const RENAME2: u32 = 45;
-pub const LSEEK: u32 = 46;
-pub const COPY_FILE_RANGE: u32 = 47;
-pub const SETUPMAPPING: u32 = 48;
-pub const REMOVEMAPPING: u32 = 49;
-pub const SYNCFS: u32 = 50;
+/// The opcode numbers: the daemon's table, one for the daemon, its tests and this frontend.
+pub use ceph_virtiofsd::server::wire::opcode::*;
 
 /// Opcodes below 50 that fuse-backend-rs 0.14's `Opcode` enum has no variant for.
 pub const UNKNOWN_BELOW_50: [u32; 3] = [0, 7, 19];
@@ -139,19 +94,19 @@ pub fn handed_out(opcode: u32, reply: &[u8]) -> Vec<(u64, u64)> {
     let p = reply.get(OUT_HDR..).unwrap_or(&[]);
     let mut out = Vec::new();
     match opcode {
-        LOOKUP | SYMLINK | MKNOD | MKDIR | LINK | CREATE => {
+        FUSE_LOOKUP | FUSE_SYMLINK | FUSE_MKNOD | FUSE_MKDIR | FUSE_LINK | FUSE_CREATE => {
             if let (Some(node), Some(ino)) = (u64_at(p, 0), u64_at(p, ENTRY_INO)) {
                 if node != 0 {
                     out.push((node, ino));
                 }
             }
         }
-        GETATTR | SETATTR if p.len() >= size_of::<AttrOut>() => {
+        FUSE_GETATTR | FUSE_SETATTR if p.len() >= size_of::<AttrOut>() => {
             if let Some(ino) = u64_at(p, ATTR_INO) {
                 out.push((0, ino));
             }
         }
-        READDIRPLUS => {
+        FUSE_READDIRPLUS => {
             let mut b = p;
             while b.len() >= ENTRY_OUT + DIRENT {
                 let node = u64_at(b, 0).unwrap_or(0);
@@ -177,8 +132,8 @@ pub fn handle_of(opcode: u32, reply: &[u8]) -> Option<u64> {
     }
     let p = reply.get(OUT_HDR..)?;
     match opcode {
-        OPEN | OPENDIR => u64_at(p, 0),
-        CREATE if p.len() >= ENTRY_OUT + size_of::<OpenOut>() => u64_at(p, ENTRY_OUT),
+        FUSE_OPEN | FUSE_OPENDIR => u64_at(p, 0),
+        FUSE_CREATE if p.len() >= ENTRY_OUT + size_of::<OpenOut>() => u64_at(p, ENTRY_OUT),
         _ => None,
     }
 }
@@ -210,14 +165,14 @@ mod tests {
     #[test]
     fn request_layout_matches_the_abi() {
         let h = Header {
-            opcode: LOOKUP,
+            opcode: FUSE_LOOKUP,
             unique: 7,
             nodeid: 1,
             ..Header::default()
         };
         let r = request(&h, &[b"a\0"]);
         assert_eq!(r.len(), IN_HDR + 2);
-        assert_eq!(in_header(&r), Some((42, LOOKUP, 7, 1)));
+        assert_eq!(in_header(&r), Some((42, FUSE_LOOKUP, 7, 1)));
         assert_eq!(unhex(&hex(&r)).as_deref(), Some(&r[..]));
     }
 
@@ -227,12 +182,12 @@ mod tests {
         reply[OUT_HDR..OUT_HDR + 8].copy_from_slice(&5u64.to_le_bytes());
         reply[OUT_HDR + ENTRY_INO..OUT_HDR + ENTRY_INO + 8]
             .copy_from_slice(&0x1234u64.to_le_bytes());
-        assert_eq!(handed_out(LOOKUP, &reply), vec![(5, 0x1234)]);
+        assert_eq!(handed_out(FUSE_LOOKUP, &reply), vec![(5, 0x1234)]);
         let mut a = vec![0u8; OUT_HDR + size_of::<AttrOut>()];
         a[OUT_HDR + ATTR_INO..OUT_HDR + ATTR_INO + 8].copy_from_slice(&9u64.to_le_bytes());
-        assert_eq!(handed_out(GETATTR, &a), vec![(0, 9)]);
+        assert_eq!(handed_out(FUSE_GETATTR, &a), vec![(0, 9)]);
         // An error reply hands out nothing.
         a[4..8].copy_from_slice(&(-2i32).to_le_bytes());
-        assert!(handed_out(GETATTR, &a).is_empty());
+        assert!(handed_out(FUSE_GETATTR, &a).is_empty());
     }
 }

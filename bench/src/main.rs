@@ -1,5 +1,5 @@
 //! ceph-virtiofsd-bench: measures vhost-user-fs daemons from the host by playing the guest's
-//! part (vhost-user frontend, split virtqueues, FUSE requests). See README.md in this folder.
+//! part (vhost-user frontend, split virtqueues, FUSE requests). See bench/README.md.
 //!
 //! Layers: `virtq` (rings in guest memory) → `session` (vhost-user + FUSE transport, implements
 //! `Backend`) → `workload` (knows only `Backend`) → `stats` (tables, JSON) → `main` (rounds, ABBA per workload).

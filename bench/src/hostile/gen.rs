@@ -174,77 +174,80 @@ fn fh(r: &mut Rng, k: &Known) -> u64 {
 }
 
 const MUTATING_BELOW_50: [u32; 16] = [
-    wire::SETATTR,
-    wire::SYMLINK,
-    wire::MKNOD,
-    wire::MKDIR,
-    wire::UNLINK,
-    wire::RMDIR,
-    wire::RENAME,
-    wire::LINK,
-    wire::WRITE,
-    wire::SETXATTR,
-    wire::REMOVEXATTR,
-    wire::CREATE,
-    wire::FALLOCATE,
-    wire::RENAME2,
-    wire::COPY_FILE_RANGE,
-    wire::FSYNC,
+    wire::FUSE_SETATTR,
+    wire::FUSE_SYMLINK,
+    wire::FUSE_MKNOD,
+    wire::FUSE_MKDIR,
+    wire::FUSE_UNLINK,
+    wire::FUSE_RMDIR,
+    wire::FUSE_RENAME,
+    wire::FUSE_LINK,
+    wire::FUSE_WRITE,
+    wire::FUSE_SETXATTR,
+    wire::FUSE_REMOVEXATTR,
+    wire::FUSE_CREATE,
+    wire::FUSE_FALLOCATE,
+    wire::FUSE_RENAME2,
+    wire::FUSE_COPY_FILE_RANGE,
+    wire::FUSE_FSYNC,
 ];
 
 const READING: [u32; 27] = [
-    wire::LOOKUP,
-    wire::LOOKUP,
-    wire::LOOKUP,
-    wire::LOOKUP,
-    wire::GETATTR,
-    wire::GETATTR,
-    wire::READLINK,
-    wire::OPEN,
-    wire::OPEN,
-    wire::READ,
-    wire::READ,
-    wire::STATFS,
-    wire::RELEASE,
-    wire::GETXATTR,
-    wire::LISTXATTR,
-    wire::FLUSH,
-    wire::OPENDIR,
-    wire::OPENDIR,
-    wire::READDIR,
-    wire::READDIRPLUS,
-    wire::READDIRPLUS,
-    wire::RELEASEDIR,
-    wire::GETLK,
-    wire::SETLK,
-    wire::ACCESS,
-    wire::LSEEK,
-    wire::FSYNCDIR,
+    wire::FUSE_LOOKUP,
+    wire::FUSE_LOOKUP,
+    wire::FUSE_LOOKUP,
+    wire::FUSE_LOOKUP,
+    wire::FUSE_GETATTR,
+    wire::FUSE_GETATTR,
+    wire::FUSE_READLINK,
+    wire::FUSE_OPEN,
+    wire::FUSE_OPEN,
+    wire::FUSE_READ,
+    wire::FUSE_READ,
+    wire::FUSE_STATFS,
+    wire::FUSE_RELEASE,
+    wire::FUSE_GETXATTR,
+    wire::FUSE_LISTXATTR,
+    wire::FUSE_FLUSH,
+    wire::FUSE_OPENDIR,
+    wire::FUSE_OPENDIR,
+    wire::FUSE_READDIR,
+    wire::FUSE_READDIRPLUS,
+    wire::FUSE_READDIRPLUS,
+    wire::FUSE_RELEASEDIR,
+    wire::FUSE_GETLK,
+    wire::FUSE_SETLK,
+    wire::FUSE_ACCESS,
+    wire::FUSE_LSEEK,
+    wire::FUSE_FSYNCDIR,
 ];
 
 const ODD: [u32; 11] = [
-    wire::INTERRUPT,
-    wire::BMAP,
-    wire::IOCTL,
-    wire::POLL,
-    wire::NOTIFY_REPLY,
-    wire::SETUPMAPPING,
-    wire::REMOVEMAPPING,
-    wire::SYNCFS,
-    wire::INIT,
-    wire::SETLKW,
-    wire::FORGET,
+    wire::FUSE_INTERRUPT,
+    wire::FUSE_BMAP,
+    wire::FUSE_IOCTL,
+    wire::FUSE_POLL,
+    wire::FUSE_NOTIFY_REPLY,
+    wire::FUSE_SETUPMAPPING,
+    wire::FUSE_REMOVEMAPPING,
+    wire::FUSE_SYNCFS,
+    wire::FUSE_INIT,
+    wire::FUSE_SETLKW,
+    wire::FUSE_FORGET,
 ];
 
 /// An opcode: `mutating` per mille of them change the tree (those wait for the MDS's journal,
 /// so they set the pace of a run), the rest read, are odd, or are unknown.
 fn opcode(r: &mut Rng, mutating: u64) -> u32 {
     if r.chance(mutating) {
-        return r.pick(&MUTATING_BELOW_50).copied().unwrap_or(wire::MKDIR);
+        return r
+            .pick(&MUTATING_BELOW_50)
+            .copied()
+            .unwrap_or(wire::FUSE_MKDIR);
     }
     match r.below(88) {
-        0..=69 => r.pick(&READING).copied().unwrap_or(wire::LOOKUP),
-        70..=77 => r.pick(&ODD).copied().unwrap_or(wire::POLL),
+        0..=69 => r.pick(&READING).copied().unwrap_or(wire::FUSE_LOOKUP),
+        70..=77 => r.pick(&ODD).copied().unwrap_or(wire::FUSE_POLL),
         78..=81 => r.pick(&wire::UNKNOWN_BELOW_50).copied().unwrap_or(0),
         82..=84 => 51 + r.below(200) as u32,
         _ => r.u32().max(51),
@@ -264,14 +267,16 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
     // cluster.
     let mode = |r: &mut Rng| -> u32 { libc::S_IFREG | (r.u32() & 0o7777) };
     match op {
-        wire::LOOKUP | wire::UNLINK | wire::RMDIR | wire::REMOVEXATTR => cname(r),
-        wire::GETATTR => {
+        wire::FUSE_LOOKUP | wire::FUSE_UNLINK | wire::FUSE_RMDIR | wire::FUSE_REMOVEXATTR => {
+            cname(r)
+        }
+        wire::FUSE_GETATTR => {
             b().u32(if r.chance(300) { 1 } else { r.u32() & 1 })
                 .u32(0)
                 .u64(fh(r, k))
                 .0
         }
-        wire::SETATTR => {
+        wire::FUSE_SETATTR => {
             // Only a few fields, so the tree stays small: no size over 1 MiB on valid nodes.
             // FATTR_SIZE only with FATTR_FH (a truncate through a handle): a SETATTR size on
             // a directory node reaches the Pacific MDS, which takes it, logs "unmatched rstat"
@@ -304,12 +309,12 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .u32(0)
                 .0
         }
-        wire::SYMLINK => {
+        wire::FUSE_SYMLINK => {
             let mut v = cname(r);
             v.extend(cname(r));
             v
         }
-        wire::MKNOD => {
+        wire::FUSE_MKNOD => {
             b().u32(mode(r))
                 .u32(r.u32())
                 .u32(r.u32())
@@ -317,9 +322,9 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .raw(&cname(r))
                 .0
         }
-        wire::MKDIR => b().u32(mode(r)).u32(r.u32() & 0o777).raw(&cname(r)).0,
-        wire::RENAME => b().u64(node(r, k)).raw(&cname(r)).raw(&cname(r)).0,
-        wire::RENAME2 => {
+        wire::FUSE_MKDIR => b().u32(mode(r)).u32(r.u32() & 0o777).raw(&cname(r)).0,
+        wire::FUSE_RENAME => b().u64(node(r, k)).raw(&cname(r)).raw(&cname(r)).0,
+        wire::FUSE_RENAME2 => {
             b().u64(node(r, k))
                 .u32(r.u32() & 7)
                 .u32(0)
@@ -327,8 +332,8 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .raw(&cname(r))
                 .0
         }
-        wire::LINK => b().u64(node(r, k)).raw(&cname(r)).0,
-        wire::OPEN | wire::OPENDIR => {
+        wire::FUSE_LINK => b().u64(node(r, k)).raw(&cname(r)).0,
+        wire::FUSE_OPEN | wire::FUSE_OPENDIR => {
             let flags = if r.chance(200) {
                 r.u32()
             } else {
@@ -343,7 +348,7 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
             };
             b().u32(flags).u32(r.u32() & 3).0
         }
-        wire::READ | wire::READDIR | wire::READDIRPLUS => {
+        wire::FUSE_READ | wire::FUSE_READDIR | wire::FUSE_READDIRPLUS => {
             let sz = if r.chance(200) {
                 size(r)
             } else {
@@ -358,7 +363,7 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .u32(0)
                 .0
         }
-        wire::WRITE => {
+        wire::FUSE_WRITE => {
             let n = r.below(4096) as usize;
             let data = r.bytes(n);
             let sz = if r.chance(200) {
@@ -382,15 +387,15 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .raw(&data)
                 .0
         }
-        wire::RELEASE | wire::RELEASEDIR => {
+        wire::FUSE_RELEASE | wire::FUSE_RELEASEDIR => {
             b().u64(fh(r, k))
                 .u32(r.u32())
                 .u32(r.u32() & 3)
                 .u64(r.u64())
                 .0
         }
-        wire::FSYNC | wire::FSYNCDIR => b().u64(fh(r, k)).u32(r.u32() & 1).u32(0).0,
-        wire::SETXATTR => {
+        wire::FUSE_FSYNC | wire::FUSE_FSYNCDIR => b().u64(fh(r, k)).u32(r.u32() & 1).u32(0).0,
+        wire::FUSE_SETXATTR => {
             let names: [&[u8]; 5] = [
                 b"user.h",
                 b"security.capability",
@@ -408,7 +413,7 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
             };
             b().u32(sz).u32(r.u32() & 3).raw(n).raw(&[0]).raw(&value).0
         }
-        wire::GETXATTR => {
+        wire::FUSE_GETXATTR => {
             let n: &[u8] = if r.chance(500) {
                 b"user.h\0"
             } else {
@@ -416,11 +421,11 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
             };
             b().u32(size(r)).u32(0).raw(n).0
         }
-        wire::LISTXATTR => b().u32(size(r)).u32(0).0,
-        wire::FLUSH => b().u64(fh(r, k)).u32(0).u32(0).u64(r.u64()).0,
-        wire::GETLK | wire::SETLK | wire::SETLKW => {
+        wire::FUSE_LISTXATTR => b().u32(size(r)).u32(0).0,
+        wire::FUSE_FLUSH => b().u64(fh(r, k)).u32(0).u32(0).u64(r.u64()).0,
+        wire::FUSE_GETLK | wire::FUSE_SETLK | wire::FUSE_SETLKW => {
             // SETLKW only on handles that are not ours: a wait on a lock we hold would block.
-            let h = if op == wire::SETLKW {
+            let h = if op == wire::FUSE_SETLKW {
                 r.u64() | 1 << 63
             } else {
                 fh(r, k)
@@ -435,8 +440,8 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .u32(0)
                 .0
         }
-        wire::ACCESS => b().u32(r.u32() & 7).u32(0).0,
-        wire::CREATE => {
+        wire::FUSE_ACCESS => b().u32(r.u32() & 7).u32(0).0,
+        wire::FUSE_CREATE => {
             let flags = [
                 libc::O_RDWR | libc::O_CREAT,
                 libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY,
@@ -449,9 +454,9 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .raw(&cname(r))
                 .0
         }
-        wire::INTERRUPT => b().u64(r.u64()).0,
-        wire::BMAP => b().u64(r.u64()).u32(r.u32()).u32(0).0,
-        wire::IOCTL => {
+        wire::FUSE_INTERRUPT => b().u64(r.u64()).0,
+        wire::FUSE_BMAP => b().u64(r.u64()).u32(r.u32()).u32(0).0,
+        wire::FUSE_IOCTL => {
             b().u64(fh(r, k))
                 .u32(r.u32())
                 .u32(r.u32())
@@ -460,12 +465,12 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .u32(size(r))
                 .0
         }
-        wire::POLL => b().u64(fh(r, k)).u64(r.u64()).u32(r.u32()).u32(r.u32()).0,
-        wire::FORGET => {
+        wire::FUSE_POLL => b().u64(fh(r, k)).u64(r.u64()).u32(r.u32()).u32(r.u32()).0,
+        wire::FUSE_FORGET => {
             let any = r.u64();
             b().u64(r.pick(&[1, any, 0]).copied().unwrap_or(1)).0
         }
-        wire::FALLOCATE => {
+        wire::FUSE_FALLOCATE => {
             b().u64(fh(r, k))
                 .u64(offset(r))
                 .u64(if r.chance(100) {
@@ -477,14 +482,14 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .u32(0)
                 .0
         }
-        wire::LSEEK => {
+        wire::FUSE_LSEEK => {
             b().u64(fh(r, k))
                 .u64(offset(r))
                 .u32(r.below(6) as u32)
                 .u32(0)
                 .0
         }
-        wire::COPY_FILE_RANGE => {
+        wire::FUSE_COPY_FILE_RANGE => {
             // Lengths past 1 MiB only between handles that are not ours: a 4 GiB copy out of
             // a sparse file would fill the lab cluster.
             let (a, c, len) = if r.chance(300) {
@@ -501,7 +506,7 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 .u64(r.u64() & 1)
                 .0
         }
-        wire::INIT => {
+        wire::FUSE_INIT => {
             b().u32(if r.chance(500) { 7 } else { r.u32() })
                 .u32(r.u32() & 63)
                 .u32(r.u32())
@@ -512,7 +517,7 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
                 })
                 .0
         }
-        wire::SYNCFS => b().u64(0).0,
+        wire::FUSE_SYNCFS => b().u64(0).0,
         _ => {
             let n = r.below(128) as usize;
             r.bytes(n)
@@ -694,9 +699,9 @@ fn defang(req: &mut [u8]) {
     };
     let body = wire::IN_HDR;
     let at = match op {
-        wire::MKNOD => body,
-        wire::CREATE => body + 4,
-        wire::SETATTR => {
+        wire::FUSE_MKNOD => body,
+        wire::FUSE_CREATE => body + 4,
+        wire::FUSE_SETATTR => {
             if let Some(v) = req.get_mut(body..body + 4) {
                 let mut valid = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
                 if valid & (1 << 6) == 0 {
@@ -789,9 +794,9 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
     }
     if roll < 18 {
         let op = if r.chance(800) {
-            wire::BATCH_FORGET
+            wire::FUSE_BATCH_FORGET
         } else {
-            wire::FORGET
+            wire::FUSE_FORGET
         };
         let h = Header {
             opcode: op,
@@ -799,7 +804,7 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
             nodeid: node(r, k),
             ..Header::default()
         };
-        let body = if op == wire::FORGET {
+        let body = if op == wire::FUSE_FORGET {
             b().u64(if r.chance(100) { u64::MAX } else { r.below(3) }).0
         } else {
             batch_forget(r, k)
@@ -841,7 +846,10 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
     // FORGET, BATCH_FORGET and INTERRUPT have no reply in the protocol.
     let proper = chain_ok
         && len.is_none()
-        && !matches!(op, wire::FORGET | wire::BATCH_FORGET | wire::INTERRUPT);
+        && !matches!(
+            op,
+            wire::FUSE_FORGET | wire::FUSE_BATCH_FORGET | wire::FUSE_INTERRUPT
+        );
     Case {
         queue: 1,
         descs,
@@ -921,14 +929,14 @@ mod tests {
                             b.get(at..at + 4)
                                 .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
                         };
-                        if op == wire::MKNOD {
+                        if op == wire::FUSE_MKNOD {
                             assert!(
                                 u(40).map_or(true, |m| m & libc::S_IFMT == libc::S_IFREG),
                                 "{}",
                                 tokens(&c.descs)
                             );
                         }
-                        if op == wire::SETATTR {
+                        if op == wire::FUSE_SETATTR {
                             assert!(
                                 u(40).map_or(true, |v| v & (1 << 3) == 0 || v & (1 << 6) != 0),
                                 "{}",

@@ -483,7 +483,7 @@ impl<'a> Fuzzer<'a> {
                 self.known.handles.push(h);
             }
             let node = match opcode {
-                wire::CREATE => wire::handed_out(opcode, &reply)
+                wire::FUSE_CREATE => wire::handed_out(opcode, &reply)
                     .first()
                     .map_or(0, |&(node, _)| node),
                 _ => request_nodeid(case).unwrap_or(0),
@@ -532,7 +532,7 @@ impl<'a> Fuzzer<'a> {
         self.known.handles.clear();
         let handles = std::mem::take(&mut self.owned);
         for (nodeid, h) in handles {
-            for op in [wire::RELEASE, wire::RELEASEDIR] {
+            for op in [wire::FUSE_RELEASE, wire::FUSE_RELEASEDIR] {
                 let unique = self.s.next_unique();
                 let hdr = Header {
                     opcode: op,
