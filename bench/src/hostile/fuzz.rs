@@ -62,6 +62,9 @@ pub struct Summary {
     pub max_rss_kib: u64,
     pub max_nodes: u64,
     pub max_handles: u64,
+    /// Longest oracle judgement (a getattr on the export through the second client). While it
+    /// runs the fuzzer does not listen, so it is not counted as the daemon's silence.
+    pub oracle_max: Duration,
     pub elapsed: Duration,
     pub findings: HashMap<&'static str, u64>,
     pub kinds: HashMap<&'static str, u64>,
@@ -209,7 +212,11 @@ impl<'a> Fuzzer<'a> {
         let mut issued = 0u64;
         let depth = self.o.depth.clamp(1, self.inflight.len());
         let mut done = Vec::new();
-        let mut last_progress = Instant::now();
+        // How long the fuzzer has listened without a chain coming back. Only time spent waiting
+        // on the used ring counts: while an oracle judgement waits on the MDS (another client's
+        // caps being recalled can take seconds), the daemon's answers pile up unseen, and
+        // counting that time once declared answered chains lost.
+        let mut silence = Duration::ZERO;
         while issued < self.o.requests || self.inflight.iter().any(Option::is_some) {
             // Fill up to `depth` in flight, but stop at a checkpoint until all came back.
             let at_checkpoint = issued >= next_checkpoint;
@@ -243,6 +250,7 @@ impl<'a> Fuzzer<'a> {
             }
             self.reap_hiprio();
             done.clear();
+            let listening = Instant::now();
             if let Err(e) = self
                 .s
                 .dev
@@ -252,14 +260,16 @@ impl<'a> Fuzzer<'a> {
                 self.sum.dead = true;
                 break;
             }
-            if !done.is_empty() {
-                last_progress = Instant::now();
+            if done.is_empty() {
+                silence += listening.elapsed();
+            } else {
+                silence = Duration::ZERO;
             }
             for &(id, written) in &done.clone() {
                 self.complete(id, written);
             }
             let busy = self.inflight.iter().filter(|x| x.is_some()).count();
-            if busy > 0 && last_progress.elapsed() > self.o.timeout {
+            if busy > 0 && silence > self.o.timeout {
                 // Whatever is still out is lost: report each, never reuse their slots.
                 let lost: Vec<usize> = (0..self.inflight.len())
                     .filter(|&i| self.inflight[i].is_some())
@@ -279,7 +289,7 @@ impl<'a> Fuzzer<'a> {
                     self.sum.dead = true;
                     break;
                 }
-                last_progress = Instant::now();
+                silence = Duration::ZERO;
             }
             if at_checkpoint && self.inflight.iter().all(Option::is_none) {
                 if !self.checkpoint(issued) {
@@ -502,7 +512,10 @@ impl<'a> Fuzzer<'a> {
     /// Directories are judged at once (a walk up by ".."); other inodes wait for the next
     /// checkpoint's listing of the export.
     fn judge(&mut self, ino: u64, index: u64, case: Case) {
-        match self.oracle.check_dir(ino) {
+        let t = Instant::now();
+        let verdict = self.oracle.check_dir(ino);
+        self.sum.oracle_max = self.sum.oracle_max.max(t.elapsed());
+        match verdict {
             Some(Verdict::Inside) | Some(Verdict::Gone) => {
                 self.judged.insert(ino);
             }

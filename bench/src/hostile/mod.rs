@@ -213,7 +213,7 @@ fn print_summary(s: &fuzz::Summary, seed: u64) {
     let mut f: Vec<_> = s.findings.iter().collect();
     f.sort();
     println!(
-        "hostile fuzz: seed={seed} requests={} answered={} secs={:.1} rate={:.0}/s pairs={} escapes={} lost={} malformed_replies={} bound_violations={} dead={} unanswered_proper={} max_rss_mib={} max_nodes={} max_handles={} findings={}",
+        "hostile fuzz: seed={seed} requests={} answered={} secs={:.1} rate={:.0}/s pairs={} escapes={} lost={} malformed_replies={} bound_violations={} dead={} unanswered_proper={} max_rss_mib={} max_nodes={} max_handles={} oracle_max_ms={} findings={}",
         s.sent,
         s.answered,
         s.elapsed.as_secs_f64(),
@@ -228,6 +228,7 @@ fn print_summary(s: &fuzz::Summary, seed: u64) {
         s.max_rss_kib / 1024,
         s.max_nodes,
         s.max_handles,
+        s.oracle_max.as_millis(),
         f.iter()
             .map(|(k, n)| format!("{k}:{n}"))
             .collect::<Vec<_>>()
