@@ -94,6 +94,11 @@ struct Scanner {
     overflow: HashMap<String, u64>,
     /// Rounds in a row each retirable domain's path was missing (see `retire_gone`).
     missing: HashMap<u32, u32>,
+    /// Root inodes no longer at their domain's path, (inode, domain): removed from the root
+    /// table after every domain was read, so that a directory renamed from one domain's path
+    /// to another's is registered under the new one before it leaves the old one (never a
+    /// moment with no domain).
+    unhook: Vec<(u64, u32)>,
 }
 
 impl Scanner {
@@ -219,6 +224,9 @@ impl Scanner {
         for ino in settled {
             self.gate.unregister_root(ino, UNSURE);
         }
+        for (ino, d) in std::mem::take(&mut self.unhook) {
+            self.gate.unregister_root(ino, d);
+        }
         self.retire_gone(&paths);
         self.gate
             .publish_for(&paths, &effective(&paths, &states, &self.cfg));
@@ -276,7 +284,7 @@ impl Scanner {
             // Nothing there: nothing to protect (until it appears: next round).
             Err(e) if e.errno() == libc::ENOENT => {
                 if let Some(Ok(old)) = self.roots.remove(path).map(|i| i.vino()) {
-                    self.gate.unregister_root(old.ino, d);
+                    self.unhook.push((old.ino, d));
                 }
                 if self.retirable(d, path) {
                     *self.missing.entry(d).or_insert(0) += 1;
@@ -309,7 +317,7 @@ impl Scanner {
             }
             if let Some(old) = known {
                 tracing::info!(path, domain = d, "quarantine: directory re-created");
-                self.gate.unregister_root(old, d);
+                self.unhook.push((old, d));
             }
         }
         let state = match read_state(mount, &inode, &self.perm) {
@@ -424,6 +432,7 @@ pub fn start(
         discovery_error_logged: false,
         overflow: HashMap::new(),
         missing: HashMap::new(),
+        unhook: Vec::new(),
     };
     s.scan();
     tracing::info!(
