@@ -57,6 +57,8 @@ pub struct Metrics {
     negative_lookups: AtomicU64,
     queue_depth: [AtomicI64; QUEUE_SLOTS],
     quarantine_denials: AtomicU64,
+    /// Quarantine domains retired because their directory was removed.
+    quarantine_retired: AtomicU64,
     /// Inode releases the MDS asked for (process-wide: one daemon serves one guest).
     mds_recalls: AtomicU64,
     /// Requests that were in flight longer than `--slow-request-secs`, by opcode.
@@ -82,6 +84,11 @@ pub fn global() -> &'static Metrics {
 /// called by the gate's audit, once per denied operation.
 pub fn quarantine_denied() {
     GLOBAL.record_quarantine_denial();
+}
+
+/// Count one quarantine domain retired because its directory was removed; called by the gate.
+pub fn quarantine_domain_retired() {
+    GLOBAL.quarantine_retired.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Count one inode release the MDS asked for under cache pressure; called by the filesystem's
@@ -149,6 +156,7 @@ impl Metrics {
             negative_lookups: ZERO,
             queue_depth: [const { AtomicI64::new(0) }; QUEUE_SLOTS],
             quarantine_denials: ZERO,
+            quarantine_retired: ZERO,
             mds_recalls: ZERO,
             slow_requests: [ZERO; OPCODE_SLOTS],
             requests_stuck: ZERO,
@@ -334,6 +342,16 @@ impl Metrics {
             "ceph_virtiofsd_quarantine_denials_total",
             &[],
             self.quarantine_denials.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_quarantine_domains_retired_total",
+            Kind::Counter,
+            "Quarantine domains retired (their id freed) because their directory was removed.",
+        );
+        w.sample(
+            "ceph_virtiofsd_quarantine_domains_retired_total",
+            &[],
+            self.quarantine_retired.load(Ordering::Relaxed),
         );
         if let Some(fs) = fs {
             w.family(
@@ -542,6 +560,7 @@ mod tests {
         let depth = M.queue_enter(1);
         let _deep = M.queue_enter(1000);
         M.record_quarantine_denial();
+        M.quarantine_retired.fetch_add(3, Ordering::Relaxed);
         M.record_slow_request(FUSE_WRITE);
         M.record_slow_request(u32::MAX);
         M.set_requests_stuck(2);
@@ -578,6 +597,7 @@ mod tests {
             "ceph_virtiofsd_queue_in_flight{queue=\"0\"} 0",
             "ceph_virtiofsd_queue_in_flight{queue=\"1\"} 1",
             "ceph_virtiofsd_quarantine_denials_total 1",
+            "ceph_virtiofsd_quarantine_domains_retired_total 3",
             "ceph_virtiofsd_inodes 5",
             "ceph_virtiofsd_handles 2",
             "ceph_virtiofsd_limit_refusals_total{table=\"nodes\"} 3",

@@ -23,8 +23,17 @@
 //!   name (mgr's internal `_deleting`, `_index`, `_legacy` and `*.meta` entries are skipped).
 //! - explicitly configured paths (`--quarantine-path PATH`), and the recovery paths.
 //!
-//! Each such directory is a *domain*, numbered 1.. for the life of the daemon (0 = none).
-//! Domains nest by path: a domain inside a denied domain is denied too, unless exempt.
+//! Each such directory is a *domain*, numbered 1..=[`MAX_DOMAINS`] (0 = none). Domains nest by
+//! path: a domain inside a denied domain is denied too, unless exempt.
+//!
+//! # Retirement
+//! A discovered domain (a subvolume) whose path is gone (ENOENT) in [`RETIRE_AFTER`] rounds in a
+//! row is retired ([`Gate::retire`]): its id is denied, its root inodes leave the inode table,
+//! every node derives its domain again, and the id is reused by the next new directory. CSI
+//! creates and deletes uniquely named subvolumes, so without this a long-running daemon would
+//! run out of ids. Configured paths (`--quarantine-path`, `--quarantine-recovery-path`) and the
+//! export's own domain are never retired. A directory discovered while all ids are live is
+//! denied (fail closed) until one is retired.
 //!
 //! # Hot path
 //! A node's domain is derived when it is entered: the parent's domain, or a new one when the
@@ -92,6 +101,12 @@ pub const QUARANTINED: &[u8] = b"1";
 pub const VOLUMES: &str = "/volumes";
 /// Most domains one daemon tracks.
 pub const MAX_DOMAINS: usize = 4096;
+/// Rounds in a row a discovered domain's path must be missing before the domain is retired.
+/// More than one, so a directory renamed away and back (or a lookup racing a rename) keeps its
+/// id and state; few, so ids come back within about one propagation bound (3 rounds of
+/// `propagation / 4`). Retiring too early is safe anyway: the id is denied, and a directory
+/// that comes back is discovered again and denied until its state is read.
+pub const RETIRE_AFTER: u32 = 3;
 /// Slots of the inode → domain table (power of two, at most half full).
 const ROOT_SLOTS: usize = 2 * MAX_DOMAINS * 2;
 /// Audit lines per second; further denials are counted.
@@ -223,18 +238,20 @@ impl State {
 }
 
 /// Effective deny flags: a domain is denied when it or an enclosing domain denies, unless this
-/// daemon is a recovery client for it. `paths[i]`/`states[i]` describe domain `i + 1`.
-pub fn effective(paths: &[String], states: &[State], cfg: &QuarantineConfig) -> Vec<bool> {
+/// daemon is a recovery client for it. `paths[i]`/`states[i]` describe domain `i + 1`; a free
+/// id (`None`, a retired domain) is denied and encloses nothing.
+pub fn effective(paths: &[Option<String>], states: &[State], cfg: &QuarantineConfig) -> Vec<bool> {
     paths
         .iter()
         .map(|p| {
+            let Some(p) = p else { return true };
             if cfg.recovery_global || cfg.recovery_paths.iter().any(|r| is_at_or_below(p, r)) {
                 return false;
             }
             paths
                 .iter()
                 .zip(states)
-                .any(|(q, s)| is_at_or_below(p, q) && s.denies())
+                .any(|(q, s)| q.as_deref().is_some_and(|q| is_at_or_below(p, q)) && s.denies())
         })
         .collect()
 }
@@ -365,10 +382,10 @@ mod tests {
     #[test]
     fn effective_flags_nest_and_respect_recovery() {
         use State::*;
-        let paths: Vec<String> = vec![
-            "/volumes/_nogroup/sv1".into(),
-            "/volumes/_nogroup/sv2".into(),
-            "/volumes/_nogroup/sv1/u/r".into(),
+        let paths: Vec<Option<String>> = vec![
+            Some("/volumes/_nogroup/sv1".into()),
+            Some("/volumes/_nogroup/sv2".into()),
+            Some("/volumes/_nogroup/sv1/u/r".into()),
         ];
         let c = cfg();
         assert_eq!(

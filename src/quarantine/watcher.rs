@@ -89,8 +89,16 @@ struct Scanner {
     listings: HashMap<u64, Listing>,
     mount_error_logged: bool,
     discovery_error_logged: bool,
-    /// Discovered directories no domain was left for (denied, see `scan`).
-    overflow: std::collections::HashSet<String>,
+    /// Discovered directories no domain was left for, and the inode registered for each
+    /// (denied as [`UNSURE`], see `scan`).
+    overflow: HashMap<String, u64>,
+    /// Rounds in a row each retirable domain's path was missing (see `retire_gone`).
+    missing: HashMap<u32, u32>,
+    /// Root inodes no longer at their domain's path, (inode, domain): removed from the root
+    /// table after every domain was read, so that a directory renamed from one domain's path
+    /// to another's is registered under the new one before it leaves the old one (never a
+    /// moment with no domain).
+    unhook: Vec<(u64, u32)>,
 }
 
 impl Scanner {
@@ -113,7 +121,20 @@ impl Scanner {
         }
     }
 
-    /// One round: (re)mount if needed, discover subvolumes, read every domain's state, publish.
+    /// Whether domain `d` (path `path`) may be retired when its directory is gone: only a
+    /// discovered one, never a configured path or the export's own domain.
+    fn retirable(&self, d: u32, path: &str) -> bool {
+        d != self.gate.root_domain()
+            && !self
+                .cfg
+                .paths
+                .iter()
+                .chain(self.cfg.recovery_paths.iter())
+                .any(|p| p == path)
+    }
+
+    /// One round: (re)mount if needed, discover subvolumes, read every domain's state, retire
+    /// the domains whose directory is gone, publish.
     fn scan(&mut self) {
         if self.mount.is_none() {
             match self.access.mount_root() {
@@ -137,36 +158,78 @@ impl Scanner {
         let Some(mount) = self.mount.clone() else {
             return;
         };
-        for p in self.discover(&mount) {
-            if self.gate.domain_for_path(&p).is_some() || self.overflow.contains(&p) {
+        let found = self.discover(&mount);
+        // Overflow directories that got a domain: their UNSURE entry goes once the domain's
+        // root is registered (below), so there is no moment at which the directory has none.
+        let mut settled = Vec::new();
+        for p in found.iter().flatten() {
+            if self.gate.domain_for_path(p).is_some() {
+                if let Some(ino) = self.overflow.remove(p) {
+                    tracing::info!(path = %p, "quarantine: a domain id is free again; this directory is tracked now");
+                    settled.push(ino);
+                }
                 continue;
             }
             // No domain left: its state cannot be followed, so it is denied (fail closed).
             // A daemon's own export is registered first, so only directories discovered
             // later, which a tenant's daemon cannot reach, can be left without one.
-            match resolve(&mount, &p, &self.perm).map(|i| i.vino()) {
-                Ok(Ok(v)) if self.gate.register_root(v.ino, UNSURE) => {
-                    tracing::error!(path = %p, "quarantine: more than {MAX_DOMAINS} quarantine-capable directories; this one is denied to this daemon's guest (fail closed) until the daemon is restarted");
-                    self.overflow.insert(p);
+            let Ok(Ok(v)) = resolve(&mount, p, &self.perm).map(|i| i.vino()) else {
+                continue;
+            };
+            let old = self.overflow.get(p).copied();
+            if old == Some(v.ino) || !self.gate.register_root(v.ino, UNSURE) {
+                continue;
+            }
+            match old {
+                // Re-created: the new directory is denied before the old entry goes.
+                Some(o) => {
+                    self.gate.unregister_root(o, UNSURE);
                 }
-                _ => {}
+                None => {
+                    tracing::error!(path = %p, "quarantine: more than {MAX_DOMAINS} quarantine-capable directories exist at once; this one is denied to this daemon's guest (fail closed) until one is removed (a removed subvolume's domain is retired {RETIRE_AFTER} rounds later): remove unused subvolumes")
+                }
+            }
+            self.overflow.insert(p.clone(), v.ino);
+        }
+        // Overflow directories removed meanwhile leave the root table.
+        if let Some(found) = &found {
+            let found: std::collections::HashSet<&String> = found.iter().collect();
+            let gone: Vec<String> = self
+                .overflow
+                .keys()
+                .filter(|p| !found.contains(p))
+                .cloned()
+                .collect();
+            for p in gone {
+                if matches!(resolve(&mount, &p, &self.perm), Err(e) if e.errno() == libc::ENOENT) {
+                    if let Some(ino) = self.overflow.remove(&p) {
+                        self.gate.unregister_root(ino, UNSURE);
+                    }
+                }
             }
         }
-        let paths: Vec<String> = self
-            .gate
-            .paths
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let paths = self.gate.paths_now();
         let mut states = Vec::with_capacity(paths.len());
         for (i, p) in paths.iter().enumerate() {
             let Ok(d) = u32::try_from(i + 1) else { break };
+            let Some(p) = p else {
+                states.push(State::Unknown);
+                continue;
+            };
             let s = self.read_domain(&mount, d, p);
             let old = self.states.insert(d, s);
             self.log_state(d, p, old, s);
             states.push(s);
         }
-        self.gate.publish(&effective(&paths, &states, &self.cfg));
+        for ino in settled {
+            self.gate.unregister_root(ino, UNSURE);
+        }
+        for (ino, d) in std::mem::take(&mut self.unhook) {
+            self.gate.unregister_root(ino, d);
+        }
+        self.retire_gone(&paths);
+        self.gate
+            .publish_for(&paths, &effective(&paths, &states, &self.cfg));
         // While anything is denied, a directory another client renamed into or out of a
         // denied domain must not keep the domain it had: nodes derive theirs again (from their
         // real ancestry) once per round.
@@ -176,35 +239,65 @@ impl Scanner {
         self.gate.round_done();
     }
 
+    /// Retire the domains whose directory has been missing for [`RETIRE_AFTER`] rounds.
+    /// `paths` is what this round read (index = domain id - 1).
+    fn retire_gone(&mut self, paths: &[Option<String>]) {
+        let gone: Vec<u32> = self
+            .missing
+            .iter()
+            .filter(|(_, n)| **n >= RETIRE_AFTER)
+            .map(|(d, _)| *d)
+            .collect();
+        for d in gone {
+            self.missing.remove(&d);
+            let Some(Some(p)) = usize::try_from(d)
+                .ok()
+                .and_then(|d| d.checked_sub(1))
+                .and_then(|i| paths.get(i))
+            else {
+                continue;
+            };
+            if self.retirable(d, p) && self.gate.retire(d) {
+                self.states.remove(&d);
+                tracing::info!(path = %p, domain = d, "quarantine: directory removed; its domain is retired and its id free for reuse");
+            }
+        }
+    }
+
     fn publish_all(&mut self, s: State) {
-        let paths: Vec<String> = self
-            .gate
-            .paths
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let paths = self.gate.paths_now();
         let states = vec![s; paths.len()];
-        self.gate.publish(&effective(&paths, &states, &self.cfg));
+        self.gate
+            .publish_for(&paths, &effective(&paths, &states, &self.cfg));
     }
 
     /// Read one domain's state. The path is resolved again every round (each step answered
     /// from the client's cache unless another client changed that directory): a domain is
     /// its path, so a directory created, removed and re-created under it after the daemon
-    /// started is registered as the domain's root as soon as it is there, and nodes already
-    /// below it derive their domain again ([`Gate::register_root`]).
+    /// started is registered as the domain's root as soon as it is there (and the directory
+    /// that was there before leaves the root table), and nodes already below it derive their
+    /// domain again ([`Gate::register_root`]). A discovered domain missing in
+    /// [`RETIRE_AFTER`] rounds in a row is retired (see `retire_gone`).
     fn read_domain(&mut self, mount: &Mount, d: u32, path: &str) -> State {
         let inode = match resolve(mount, path, &self.perm) {
             Ok(i) => i,
             // Nothing there: nothing to protect (until it appears: next round).
             Err(e) if e.errno() == libc::ENOENT => {
-                self.roots.remove(path);
+                if let Some(Ok(old)) = self.roots.remove(path).map(|i| i.vino()) {
+                    self.unhook.push((old.ino, d));
+                }
+                if self.retirable(d, path) {
+                    *self.missing.entry(d).or_insert(0) += 1;
+                }
                 return State::Released;
             }
             Err(e) => {
+                self.missing.remove(&d);
                 tracing::debug!(path, error = %e, "quarantine: resolve");
                 return State::Unreadable;
             }
         };
+        self.missing.remove(&d);
         let ino = match inode.vino() {
             Ok(v) => v.ino,
             Err(e) => {
@@ -218,10 +311,14 @@ impl Scanner {
             .and_then(|i| i.vino().ok())
             .map(|v| v.ino);
         if known != Some(ino) {
-            if known.is_some() {
-                tracing::info!(path, domain = d, "quarantine: directory re-created");
+            if !self.gate.register_root(ino, d) {
+                tracing::error!(path, domain = d, "quarantine: the table of domain roots is full; this directory is denied (fail closed)");
+                return State::Unreadable;
             }
-            self.gate.register_root(ino, d);
+            if let Some(old) = known {
+                tracing::info!(path, domain = d, "quarantine: directory re-created");
+                self.unhook.push((old, d));
+            }
         }
         let state = match read_state(mount, &inode, &self.perm) {
             Ok(true) => State::Quarantined,
@@ -235,15 +332,18 @@ impl Scanner {
         state
     }
 
-    /// `/volumes/<group>/<subvolume>` directories that exist now.
-    fn discover(&mut self, mount: &Mount) -> Vec<String> {
-        let r = (|| -> Result<Vec<String>, CephError> {
+    /// `/volumes/<group>/<subvolume>` directories that exist now; `None` if they cannot be
+    /// listed.
+    fn discover(&mut self, mount: &Mount) -> Option<Vec<String>> {
+        let r = (|| -> Result<(Vec<String>, Vec<u64>), CephError> {
             let vol = match resolve(mount, VOLUMES, &self.perm) {
                 Ok(v) => v,
-                Err(e) if e.errno() == libc::ENOENT => return Ok(Vec::new()),
+                Err(e) if e.errno() == libc::ENOENT => return Ok((Vec::new(), Vec::new())),
                 Err(e) => return Err(e),
             };
             let mut out = Vec::new();
+            // The directories listed, whose cached listings are kept.
+            let mut listed: Vec<u64> = vol.vino().map(|v| v.ino).into_iter().collect();
             let listings = &mut self.listings;
             for g in subdirs_cached(mount, &vol, &self.perm, listings)? {
                 if !is_group_name(&g) {
@@ -257,6 +357,7 @@ impl Scanner {
                     Err(e) if e.errno() == libc::ENOENT => continue,
                     Err(e) => return Err(e),
                 };
+                listed.extend(gdir.vino().map(|v| v.ino));
                 for s in subdirs_cached(mount, &gdir, &self.perm, listings)? {
                     if is_subvolume_name(&s) {
                         out.push(format!(
@@ -267,19 +368,21 @@ impl Scanner {
                     }
                 }
             }
-            Ok(out)
+            Ok((out, listed))
         })();
         match r {
-            Ok(v) => {
+            Ok((v, listed)) => {
                 self.discovery_error_logged = false;
-                v
+                // Listings of removed groups go.
+                self.listings.retain(|ino, _| listed.contains(ino));
+                Some(v)
             }
             Err(e) => {
                 if !self.discovery_error_logged {
                     tracing::warn!(error = %e, "quarantine: cannot list {VOLUMES}; new subvolumes are not discovered (configured paths are still enforced)");
                     self.discovery_error_logged = true;
                 }
-                Vec::new()
+                None
             }
         }
     }
@@ -327,7 +430,9 @@ pub fn start(
         listings: HashMap::new(),
         mount_error_logged: false,
         discovery_error_logged: false,
-        overflow: std::collections::HashSet::new(),
+        overflow: HashMap::new(),
+        missing: HashMap::new(),
+        unhook: Vec::new(),
     };
     s.scan();
     tracing::info!(
