@@ -223,6 +223,27 @@ pub fn verify_fd(
             Ok(st) => format!("fstat size {}", st.st_size),
             Err(e) => format!("fstat: {}", errname(e)),
         };
+        // The daemon's size now: AT_STATX_FORCE_SYNC makes FUSE ask (GETATTR) instead of
+        // answering from the guest's attribute cache.
+        let size = {
+            // SAFETY: an all-zero statx is a valid out value.
+            let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+            // SAFETY: fd is open, the path is an empty C string, stx is a valid out pointer.
+            let r = unsafe {
+                libc::statx(
+                    fd,
+                    c"".as_ptr(),
+                    libc::AT_EMPTY_PATH | libc::AT_STATX_FORCE_SYNC,
+                    libc::STATX_SIZE,
+                    &mut stx,
+                )
+            };
+            if r == 0 {
+                format!("{size}, daemon's size {}", stx.stx_size)
+            } else {
+                format!("{size}, statx: {}", errname(sys::errno()))
+            }
+        };
         let surplus = got.get(want.len()..).map_or("none".to_string(), |x| {
             if x.iter().all(|b| *b == 0) {
                 format!("{} zero bytes", x.len())
