@@ -14,8 +14,9 @@ use ceph_client::{
     Inode, Mount, Statx, UserPerm, CEPH_SETATTR_GID, CEPH_SETATTR_MODE, CEPH_SETATTR_UID,
     CEPH_STATX_BASIC_STATS,
 };
-use ceph_virtiofsd::fs::idmap::{IdMapFs, IdMapping, Rule};
+use ceph_virtiofsd::fs::idmap::IdMapFs;
 use ceph_virtiofsd::fs::{CephFs, FsConfig, SnapshotPolicy};
+use ceph_virtiofsd::idmap::{IdMapping, Rule};
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
 use fuse_backend_rs::api::filesystem::{Context, FileSystem};
 

@@ -8,8 +8,9 @@ mod common;
 
 use std::sync::Arc;
 
-use ceph_virtiofsd::fs::idmap::{IdMapFs, IdMapping, Rule};
+use ceph_virtiofsd::fs::idmap::IdMapFs;
 use ceph_virtiofsd::fs::{CephFs, FsConfig};
+use ceph_virtiofsd::idmap::{IdMapping, Rule};
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
 use fuse_backend_rs::api::filesystem::FileSystem;
 

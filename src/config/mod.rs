@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use crate::args::{self as cli, Args};
 use crate::ceph::{is_secret_option, CephAccess};
-use crate::fs::idmap::{IdMapError, IdMapping, Rule};
 use crate::fs::{CacheMode, SnapshotPolicy};
+use crate::idmap::{IdMapError, IdMapping, Rule};
 pub use crate::logging::{LogConfig, LogLevel};
 use crate::sandbox::{SandboxConfig, SandboxError, SeccompMode};
 use crate::vhost_user::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
