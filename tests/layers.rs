@@ -23,7 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Counters take plain values; the wire format names their labels.
     ("metrics", &["server::wire"]),
     // The quarantine: its gate, watcher and operator command, on its own settings type.
-    ("quarantine", &["ceph", "metrics"]),
+    ("quarantine", &["ceph", "idmap", "metrics"]),
     // The filesystem: FUSE semantics over CephFS.
     (
         "fs",

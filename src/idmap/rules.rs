@@ -320,6 +320,7 @@ impl IdMap {
     }
 
     /// The rules this map was built from, in the order given.
+    #[cfg(test)]
     pub fn rules(&self) -> &[Rule] {
         &self.rules
     }
