@@ -69,6 +69,7 @@ fn fs_config(config: &Config) -> FsConfig {
         max_handles: config.guest.max_handles,
         snapshots: config.guest.snapshots,
         allow_device_nodes: config.guest.allow_device_nodes,
+        idmap: config.idmap.clone(),
         second_session: Some(fs::side::Connector({
             let access = config.ceph.access.clone();
             let root = config.ceph.root.clone();
@@ -155,14 +156,8 @@ fn run(config: &Config) -> Result<(), RunError> {
         fsc.revocable_ttl = config.quarantine.ttl_bound();
     }
     let fs = Arc::new(CephFs::new(mount, fsc).map_err(|source| RunError::Root { root, source })?);
-    // uid/gid translation wraps the filesystem only when configured (no cost otherwise).
     // daemon::serve drops privileges and installs seccomp once the socket is open.
-    let served = if config.idmap.is_identity() {
-        daemon::serve(config, fs.clone())
-    } else {
-        let mapped = fs::idmap::IdMapFs::new(fs.clone(), config.idmap.clone());
-        daemon::serve(config, Arc::new(mapped))
-    };
+    let served = daemon::serve(config, fs.clone());
     // Idle worker threads may still hold the filesystem after a signal: unmount explicitly,
     // unless a request is still blocked inside libcephfs (unmounting under it is not safe).
     if !matches!(served, Err(daemon::DaemonError::RequestsStuck(_))) {

@@ -8,14 +8,13 @@ mod common;
 
 use std::ffi::CStr;
 use std::io;
-use std::sync::Arc;
 
 use ceph_client::{
     Inode, Mount, Statx, UserPerm, CEPH_SETATTR_GID, CEPH_SETATTR_MODE, CEPH_SETATTR_UID,
     CEPH_STATX_BASIC_STATS,
 };
-use ceph_virtiofsd::fs::idmap::{IdMapFs, IdMapping, Rule};
 use ceph_virtiofsd::fs::{CephFs, FsConfig, SnapshotPolicy};
+use ceph_virtiofsd::idmap::{IdMapping, Rule};
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
 use fuse_backend_rs::api::filesystem::{Context, FileSystem};
 
@@ -500,11 +499,14 @@ fn hostile_mknod_refuses_devices_and_directories() {
 
 #[test]
 fn hostile_squashed_root_cannot_set_privileged_xattrs() {
-    let s = setup("xattr", FsConfig::default());
-    let ino = s.file("f", b"x", 0o644, 65534, false);
     let squash: Rule = "squash-guest:0:65534:1".parse().unwrap();
-    let fs = Arc::new(s.fs);
-    let guest = IdMapFs::new(fs.clone(), IdMapping::new(&[squash], &[]).unwrap());
+    let cfg = FsConfig {
+        idmap: IdMapping::new(&[squash], &[]).unwrap(),
+        ..FsConfig::default()
+    };
+    let s = setup("xattr", cfg);
+    let ino = s.file("f", b"x", 0o644, 65534, false);
+    let guest = &s.fs;
     let root = ctx(0, 0);
     let f = guest.lookup(&root, ROOT, &c("f")).unwrap().inode;
     for name in [
@@ -527,8 +529,17 @@ fn hostile_squashed_root_cannot_set_privileged_xattrs() {
     assert!(s.other.getxattr(&ino, CAP_XATTR, &mut [], &s.root).is_err());
     // Its own user.* xattrs are fine, and an unsquashed root keeps its privilege.
     guest.setxattr(&root, f, c"user.x", b"1", 0).unwrap();
-    fs.setxattr(&root, f, CAP_XATTR, &CAP_VALUE, 0).unwrap();
-    assert!(s.other.getxattr(&ino, CAP_XATTR, &mut [], &s.root).is_ok());
+    let plain = setup("xattr-root", FsConfig::default());
+    let ino = plain.file("f", b"x", 0o644, 65534, false);
+    let f = plain.fs.lookup(&root, ROOT, &c("f")).unwrap().inode;
+    plain
+        .fs
+        .setxattr(&root, f, CAP_XATTR, &CAP_VALUE, 0)
+        .unwrap();
+    assert!(plain
+        .other
+        .getxattr(&ino, CAP_XATTR, &mut [], &plain.root)
+        .is_ok());
 }
 
 // ---- SB_NOSEC contract ----------------------------------------------------------------------

@@ -1,15 +1,13 @@
 //! uid/gid translation against the real cluster, called in-process through the `FileSystem`
 //! trait the way the FUSE server calls it: a non-root guest user works on files owned by the
 //! Ceph ids its guest ids map to, sees them as its own, creates files that Ceph records under
-//! the mapped ids, and forbidden guest ids get EPERM. The wrapped filesystem's own view (Ceph
-//! ids) is checked side by side.
+//! the mapped ids, and forbidden guest ids get EPERM. Ceph's own view (an untranslated
+//! filesystem on a session of its own) is checked side by side.
 
 mod common;
 
-use std::sync::Arc;
-
-use ceph_virtiofsd::fs::idmap::{IdMapFs, IdMapping, Rule};
 use ceph_virtiofsd::fs::{CephFs, FsConfig};
+use ceph_virtiofsd::idmap::{IdMapping, Rule};
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
 use fuse_backend_rs::api::filesystem::FileSystem;
 
@@ -51,19 +49,32 @@ fn chown(fs: &CephFs, ino: u64, uid: u32, gid: u32, mode: u32) {
     .unwrap_or_else(|e| panic!("chown on the Ceph side: {e}"));
 }
 
+/// The owner of `name` in directory `dir` as Ceph records it (through the untranslated view).
+fn ceph_owner(ceph: &CephFs, dir: u64, name: &str) -> (u32, u32) {
+    owner(&ceph.lookup(&ctx(0, 0), dir, &c(name)).unwrap().attr)
+}
+
 #[test]
 fn a_non_root_guest_user_works_on_files_owned_by_its_mapped_ids() {
     let lab = Lab::get();
     let export = lab.export_dir(&format!("idmap-{}", std::process::id()));
-    let mount = ceph_client::MountBuilder::new(Some(&lab.client_id))
-        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
-        .and_then(|b| b.mount(&export))
-        .unwrap();
-    let ceph = Arc::new(CephFs::new(mount, FsConfig::default()).unwrap());
+    let mount = || {
+        ceph_client::MountBuilder::new(Some(&lab.client_id))
+            .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+            .and_then(|b| b.mount(&export))
+            .unwrap()
+    };
+    let ceph = CephFs::new(mount(), FsConfig::default()).unwrap();
     let map = IdMapping::new(&rules(UID_RULES), &rules(GID_RULES)).unwrap();
-    let fs = IdMapFs::new(ceph.clone(), map);
-    fs.init(FsOptions::HANDLE_KILLPRIV_V2 | FsOptions::ASYNC_READ)
-        .unwrap();
+    let cfg = FsConfig {
+        idmap: map,
+        ..FsConfig::default()
+    };
+    let fs = CephFs::new(mount(), cfg).unwrap();
+    for f in [&ceph, &fs] {
+        f.init(FsOptions::HANDLE_KILLPRIV_V2 | FsOptions::ASYNC_READ)
+            .unwrap();
+    }
 
     // The Ceph side (unmapped view, as root): a private directory and file owned by 5000:5000.
     let ceph_root = ctx(0, 0);
@@ -127,12 +138,14 @@ fn a_non_root_guest_user_works_on_files_owned_by_its_mapped_ids() {
         fs.release(&user, e.inode, 0, h, false, false, None)
             .unwrap();
     }
-    let (raw, _) = ceph.getattr(&ceph_root, e.inode, None).unwrap();
-    assert_eq!(owner(&raw), (5000, 5000), "Ceph records the mapped ids");
+    assert_eq!(
+        ceph_owner(&ceph, dir.inode, "by-guest"),
+        (5000, 5000),
+        "Ceph records the mapped ids"
+    );
     let sub = fs.mkdir(&user, d.inode, &c("subdir"), 0o755, 0).unwrap();
     assert_eq!(owner(&sub.attr), (1000, 1000));
-    let (raw, _) = ceph.getattr(&ceph_root, sub.inode, None).unwrap();
-    assert_eq!(owner(&raw), (5000, 5000));
+    assert_eq!(ceph_owner(&ceph, dir.inode, "subdir"), (5000, 5000));
 
     // Another, unmapped guest user is just that user on Ceph: no access to the 0700 directory.
     let stranger = ctx(2000, 2000);
@@ -163,8 +176,7 @@ fn a_non_root_guest_user_works_on_files_owned_by_its_mapped_ids() {
             .unwrap();
     }
     assert_eq!(e.attr.st_uid, 0);
-    let (raw, _) = ceph.getattr(&ceph_root, e.inode, None).unwrap();
-    assert_eq!(raw.st_uid, 6000);
+    assert_eq!(ceph_owner(&ceph, 1, "by-root").0, 6000);
     assert_eq!(errno(fs.lookup(&root, d.inode, &c("data"))), libc::EACCES);
 
     // chown by the owner (SETATTR): guest ids are translated before Ceph sees them. 6000 owns
@@ -176,8 +188,7 @@ fn a_non_root_guest_user_works_on_files_owned_by_its_mapped_ids() {
         .setattr(&ctx(0, 1000), e.inode, attr, None, SetattrValid::GID)
         .unwrap();
     assert_eq!(shown.st_gid, 1000);
-    let (raw, _) = ceph.getattr(&ceph_root, e.inode, None).unwrap();
-    assert_eq!(raw.st_gid, 5000);
+    assert_eq!(ceph_owner(&ceph, 1, "by-root").1, 5000);
     // chown to a forbidden id is refused before reaching Ceph.
     attr.st_uid = 666;
     assert_eq!(
@@ -218,6 +229,7 @@ fn a_non_root_guest_user_works_on_files_owned_by_its_mapped_ids() {
             ("subdir".to_owned(), (1000, 1000)),
         ]
     );
+    fs.shutdown().unwrap();
     ceph.shutdown().unwrap();
 }
 
@@ -225,6 +237,7 @@ fn a_non_root_guest_user_works_on_files_owned_by_its_mapped_ids() {
 #[test]
 fn example_config_translation_and_sandbox() {
     use ceph_virtiofsd::args::Args;
+    use ceph_virtiofsd::idmap::{GuestGid, GuestUid, HostGid, HostUid};
     use ceph_virtiofsd::sandbox::SeccompMode;
     use clap::Parser;
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/ceph-virtiofsd.toml");
@@ -238,10 +251,13 @@ fn example_config_translation_and_sandbox() {
         .unwrap_or_else(|e| panic!("{}", ceph_virtiofsd::report(&e)));
     assert_eq!(config.sandbox.seccomp, SeccompMode::Kill);
     assert!(config.sandbox.user.is_none());
-    assert_eq!(config.idmap.host_uid(1000).ok(), Some(101_000));
-    assert_eq!(config.idmap.host_gid(1999).ok(), Some(101_999));
-    assert_eq!(config.idmap.uid.to_guest(101_500), 1500);
-    assert_eq!(config.idmap.host_uid(0).ok(), Some(0));
+    let ids = &config.idmap;
+    let host_uid = |g| ids.host_uid(GuestUid::new(g)).ok().map(HostUid::get);
+    assert_eq!(host_uid(1000), Some(101_000));
+    let host_gid = ids.host_gid(GuestGid::new(1999)).ok().map(HostGid::get);
+    assert_eq!(host_gid, Some(101_999));
+    assert_eq!(ids.guest_uid(HostUid::new(101_500)), GuestUid::new(1500));
+    assert_eq!(host_uid(0), Some(0));
 }
 
 /// Walk `path` from the root of `m` (as Ceph root).

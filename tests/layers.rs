@@ -18,12 +18,17 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("logging", &[]),
     ("sandbox", &[]),
     ("server::wire", &[]),
+    // The uid/gid translation rules and the typed ids of both sides.
+    ("idmap", &[]),
     // Counters take plain values; the wire format names their labels.
     ("metrics", &["server::wire"]),
     // The quarantine: its gate, watcher and operator command, on its own settings type.
-    ("quarantine", &["ceph", "metrics"]),
+    ("quarantine", &["ceph", "idmap", "metrics"]),
     // The filesystem: FUSE semantics over CephFS.
-    ("fs", &["ceph", "metrics", "quarantine", "server::wire"]),
+    (
+        "fs",
+        &["ceph", "idmap", "metrics", "quarantine", "server::wire"],
+    ),
     // FUSE dispatch and the vhost-user transport: generic over the filesystem, nothing of Ceph.
     ("server", &["metrics", "server::wire"]),
     ("vhost_user", &["metrics", "poll", "server", "server::wire"]),
@@ -35,6 +40,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "args",
             "ceph",
             "fs",
+            "idmap",
             "logging",
             "metrics",
             "quarantine",

@@ -14,8 +14,8 @@ use std::time::Duration;
 
 use crate::args::{self as cli, Args};
 use crate::ceph::{is_secret_option, CephAccess};
-use crate::fs::idmap::{IdMapError, IdMapping, Rule};
 use crate::fs::{CacheMode, SnapshotPolicy};
+use crate::idmap::{IdMapError, IdMapping, Rule};
 pub use crate::logging::{LogConfig, LogLevel};
 use crate::sandbox::{SandboxConfig, SandboxError, SeccompMode};
 use crate::vhost_user::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
@@ -567,6 +567,7 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idmap::{GuestGid, GuestUid, HostGid, HostUid};
     use clap::Parser;
 
     fn parse(cli: &[&str]) -> Result<Config, ConfigError> {
@@ -843,9 +844,11 @@ mod tests {
         let acct = c.sandbox.user.clone().unwrap_or_else(|| panic!("no user"));
         assert_eq!((acct.uid, acct.gid), (0, 0));
         assert_eq!(c.sandbox.seccomp, SeccompMode::Log);
-        assert_eq!(c.idmap.host_uid(1005).ok(), Some(100_005));
-        assert!(c.idmap.host_uid(0).is_err());
-        assert_eq!(c.idmap.host_gid(42).ok(), Some(100));
+        let uid = |g| c.idmap.host_uid(GuestUid::new(g)).ok().map(HostUid::get);
+        assert_eq!(uid(1005), Some(100_005));
+        assert!(uid(0).is_none());
+        let gid = c.idmap.host_gid(GuestGid::new(42)).ok();
+        assert_eq!(gid.map(HostGid::get), Some(100));
 
         assert!(matches!(
             parse(&[
@@ -879,8 +882,9 @@ mod tests {
         assert_eq!(c.sandbox.seccomp, SeccompMode::None);
         assert!(c.sandbox.user.is_some());
         // The command line's uid rules replace the file's.
-        assert_eq!(c.idmap.host_uid(0).ok(), Some(0));
-        assert_eq!(c.idmap.host_uid(1).ok(), Some(6000));
+        let uid = |g| c.idmap.host_uid(GuestUid::new(g)).ok().map(HostUid::get);
+        assert_eq!(uid(0), Some(0));
+        assert_eq!(uid(1), Some(6000));
     }
 
     #[test]

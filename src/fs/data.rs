@@ -11,7 +11,7 @@ impl CephFs {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn do_read(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         w: &mut dyn ZeroCopyWriter,
@@ -21,7 +21,7 @@ impl CephFs {
         _flags: u32,
     ) -> io::Result<usize> {
         range(offset, u64::from(size))?;
-        let f = self.file(inode, handle, "read", ctx.uid)?;
+        let f = self.file(inode, handle, "read", ctx.guest_uid())?;
         self.note_buffered(&f);
         w.write_from(&mut CephIo(&f.file), to_len(size)?, offset)
     }
@@ -29,7 +29,7 @@ impl CephFs {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn do_write(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         r: &mut dyn ZeroCopyReader,
@@ -41,7 +41,7 @@ impl CephFs {
         fuse_flags: u32,
     ) -> io::Result<usize> {
         range(offset, u64::from(size))?;
-        let f = self.file(inode, handle, "write", ctx.uid)?;
+        let f = self.file(inode, handle, "write", ctx.guest_uid())?;
         if self.killpriv_on() {
             let node = self.node(inode)?;
             self.kill_privs(
@@ -61,18 +61,18 @@ impl CephFs {
 
     pub(super) fn do_fsync(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         datasync: bool,
         handle: u64,
     ) -> io::Result<()> {
-        let f = self.file(inode, handle, "fsync", ctx.uid)?;
+        let f = self.file(inode, handle, "fsync", ctx.guest_uid())?;
         Ok(f.file.fsync(datasync)?)
     }
 
     pub(super) fn do_fallocate(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         mode: u32,
@@ -80,28 +80,33 @@ impl CephFs {
         length: u64,
     ) -> io::Result<()> {
         range(offset, length)?;
-        let f = self.file(inode, handle, "fallocate", ctx.uid)?;
+        let f = self.file(inode, handle, "fallocate", ctx.guest_uid())?;
         let mode = i32::try_from(mode).map_err(|_| errno(libc::EOPNOTSUPP))?;
         // fallocate(2) modifies the file as a write does (Linux's file_modified): SB_NOSEC
         // leaves the kill to us. FALLOCATE carries no kill flag: a caller other than root is
         // taken to lack CAP_FSETID, as for copy_file_range.
         if self.killpriv_on() {
             let node = self.node(inode)?;
-            self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
+            self.kill_privs(
+                &node,
+                Trigger::Write,
+                !ctx.host_uid().is_root(),
+                &self.perm(ctx),
+            )?;
         }
         Ok(f.file.fallocate(mode, offset, length)?)
     }
 
     pub(super) fn do_lseek(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         offset: u64,
         whence: u32,
     ) -> io::Result<u64> {
         let off = to_off(offset)?;
-        let f = self.file(inode, handle, "lseek", ctx.uid)?;
+        let f = self.file(inode, handle, "lseek", ctx.guest_uid())?;
         let whence = i32::try_from(whence).map_err(|_| errno(libc::EINVAL))?;
         Ok(f.file.lseek(off, whence)?)
     }
@@ -119,7 +124,7 @@ impl CephFs {
         Ok(Some(self.mount.open(
             &node.inode,
             flags,
-            &self.perms.get(0, 0),
+            &self.perms.root(),
         )?))
     }
 
@@ -179,15 +184,36 @@ impl CephFs {
         off_out: u64,
         len: u64,
     ) -> io::Result<usize> {
+        let ctx = &self.caller(ctx)?;
+        self.copy_as(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_as(
+        &self,
+        ctx: &Caller,
+        ino_in: u64,
+        fh_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> io::Result<usize> {
         range(off_in, len)?;
         range(off_out, len)?;
-        let fi = self.file(ino_in, fh_in, "copy_file_range", ctx.uid)?;
-        let fo = self.file(ino_out, fh_out, "copy_file_range", ctx.uid)?;
+        let fi = self.file(ino_in, fh_in, "copy_file_range", ctx.guest_uid())?;
+        let fo = self.file(ino_out, fh_out, "copy_file_range", ctx.guest_uid())?;
         self.note_buffered(&fi);
         let (target, bypassed) = self.write_target(&fo);
         if self.killpriv_on() {
             let node = self.node(ino_out)?;
-            self.kill_privs(&node, Trigger::Write, ctx.uid != 0, &self.perm(ctx))?;
+            self.kill_privs(
+                &node,
+                Trigger::Write,
+                !ctx.host_uid().is_root(),
+                &self.perm(ctx),
+            )?;
         }
         // The kernel caps one request at a size_t-sized count; we move at most u32::MAX bytes
         // per request (the reply field is 32 bits) in 1 MiB steps.
@@ -200,8 +226,10 @@ impl CephFs {
             // every chunk, and a quarantine ends it there (short count, or EACCES at once).
             if done > 0 {
                 let gates = self
-                    .gate(self.domain_of(&fi.node), "copy_file_range", ctx.uid)
-                    .and_then(|()| self.gate(self.domain_of(&fo.node), "copy_file_range", ctx.uid));
+                    .gate(self.domain_of(&fi.node), "copy_file_range", ctx.guest_uid())
+                    .and_then(|()| {
+                        self.gate(self.domain_of(&fo.node), "copy_file_range", ctx.guest_uid())
+                    });
                 if gates.is_err() {
                     break;
                 }
@@ -316,14 +344,17 @@ impl crate::server::wire::ExtraOps for CephFs {
         len: u64,
         flags: u64,
     ) -> io::Result<usize> {
+        let ctx = &self.caller(ctx)?;
         // copy_file_range(2) defines no flags yet.
         if flags != 0 {
             return Err(errno(libc::EINVAL));
         }
-        self.copy_range(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len)
+        self.copy_as(ctx, ino_in, fh_in, off_in, ino_out, fh_out, off_out, len)
     }
 
-    fn syncfs(&self, _ctx: &Context, ino: u64) -> io::Result<()> {
+    fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()> {
+        // A forbidden guest id may not sync either.
+        self.caller(ctx)?;
         self.node(ino)?;
         self.sync_all()
     }

@@ -34,7 +34,7 @@ fn dirent_size(name_len: usize, plus: bool) -> usize {
 impl CephFs {
     pub(super) fn do_opendir(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         _flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions)> {
@@ -58,7 +58,7 @@ impl CephFs {
 
     pub(super) fn do_readdir(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         size: u32,
@@ -72,12 +72,12 @@ impl CephFs {
             size,
             plus: false,
         };
-        self.read_dir(req, ctx.uid, &mut |d, _| add_entry(d))
+        self.read_dir(req, ctx.guest_uid(), &mut |d, _| add_entry(d))
     }
 
     pub(super) fn do_readdirplus(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         size: u32,
@@ -91,7 +91,7 @@ impl CephFs {
             size,
             plus: true,
         };
-        self.read_dir(req, ctx.uid, &mut |d, e| match e {
+        self.read_dir(req, ctx.guest_uid(), &mut |d, e| match e {
             Some(e) => add_entry(d, e),
             None => Err(errno(libc::EIO)),
         })
@@ -99,7 +99,7 @@ impl CephFs {
 
     pub(super) fn do_fsyncdir(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         _datasync: bool,
         handle: u64,
@@ -123,7 +123,7 @@ impl CephFs {
     fn read_dir(
         &self,
         req: DirRead,
-        uid: u32,
+        uid: GuestUid,
         add: &mut dyn FnMut(DirEntry, Option<Entry>) -> io::Result<usize>,
     ) -> io::Result<()> {
         let DirRead {
@@ -227,7 +227,7 @@ impl CephFs {
             let bare = Entry {
                 inode: 0,
                 generation: 0,
-                attr: to_stat(&de.statx),
+                attr: to_stat(&de.statx, &self.cfg.idmap),
                 attr_flags: 0,
                 attr_timeout: Duration::ZERO,
                 entry_timeout: Duration::ZERO,

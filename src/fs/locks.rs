@@ -7,12 +7,12 @@ use super::*;
 impl CephFs {
     pub(super) fn do_flush(
         &self,
-        ctx: &Context,
+        uid: GuestUid,
         inode: u64,
         handle: u64,
         lock_owner: u64,
     ) -> io::Result<()> {
-        let f = self.file(inode, handle, "flush", ctx.uid)?;
+        let f = self.file(inode, handle, "flush", uid)?;
         // close() releases the POSIX locks of the closing owner, as the local kernel would.
         if f.locked.load(Ordering::Relaxed) {
             let unlock = whole_file_lock(F_UNLCK);
@@ -23,14 +23,14 @@ impl CephFs {
 
     pub(super) fn do_getlk(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         owner: u64,
         lock: FileLock,
         _flags: u32,
     ) -> io::Result<FileLock> {
-        let f = self.file(inode, handle, "getlk", ctx.uid)?;
+        let f = self.file(inode, handle, "getlk", ctx.guest_uid())?;
         let mut fl = to_flock(&lock)?;
         f.file.getlk(&mut fl, owner)?;
         Ok(from_flock(&fl))
@@ -38,26 +38,26 @@ impl CephFs {
 
     pub(super) fn do_setlk(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         owner: u64,
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
-        self.set_lock(inode, handle, owner, lock, flags, false, ctx.uid)
+        self.set_lock(inode, handle, owner, lock, flags, false, ctx.guest_uid())
     }
 
     pub(super) fn do_setlkw(
         &self,
-        ctx: &Context,
+        ctx: &Caller,
         inode: u64,
         handle: u64,
         owner: u64,
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
-        self.set_lock(inode, handle, owner, lock, flags, true, ctx.uid)
+        self.set_lock(inode, handle, owner, lock, flags, true, ctx.guest_uid())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -69,7 +69,7 @@ impl CephFs {
         lock: FileLock,
         flags: u32,
         sleep: bool,
-        uid: u32,
+        uid: GuestUid,
     ) -> io::Result<()> {
         let f = self.file(inode, handle, "lock", uid)?;
         if flags & LK_FLOCK != 0 {
@@ -107,7 +107,7 @@ impl CephFs {
     fn after_lock_wait(
         &self,
         f: &OpenFile,
-        uid: u32,
+        uid: GuestUid,
         unlock: impl FnOnce() -> Result<(), ceph_client::CephError>,
     ) -> io::Result<()> {
         match self.gate(self.domain_of(&f.node), "lock", uid) {

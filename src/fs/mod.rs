@@ -16,7 +16,6 @@ pub mod cached;
 mod data;
 mod dir;
 pub mod handles;
-pub mod idmap;
 pub mod killpriv;
 pub mod limits;
 mod locks;
@@ -56,8 +55,10 @@ use limits::{LimitStats, Table};
 use names::{Use, XattrAccess};
 use nodes::{NewNode, NodeTable, Vino, NOSNAP, ROOT_ID};
 
+use crate::idmap::{GuestUid, HostGid, HostUid, IdMapping};
+
 type Link = nodes::Link<Inode>;
-use perms::PermCache;
+use perms::{Caller, PermCache};
 use policy::{CachePolicy, NodeClass};
 
 pub use dir::DirStream;
@@ -160,6 +161,8 @@ pub struct FsConfig {
     /// How to open another session, for renames over hard links ([`side`]); without it they
     /// go through the main session, and libcephfs may then hide the file's other names.
     pub second_session: Option<side::Connector>,
+    /// uid/gid translation between the guest and CephFS (`--translate-uid/--translate-gid`).
+    pub idmap: IdMapping,
 }
 
 impl Default for FsConfig {
@@ -177,6 +180,7 @@ impl Default for FsConfig {
             snapshots: SnapshotPolicy::default(),
             allow_device_nodes: false,
             second_session: None,
+            idmap: IdMapping::default(),
         }
     }
 }
@@ -257,16 +261,17 @@ fn timespec_to(t: &ceph_client::Timespec) -> (i64, i64) {
     (t.tv_sec, t.tv_nsec)
 }
 
-/// A libcephfs statx as the stat64 the guest gets.
-pub fn to_stat(st: &Statx) -> stat64 {
+/// A libcephfs statx as the stat64 the guest gets: the one place attributes leave the
+/// filesystem, where the owner becomes the guest's ids.
+fn to_stat(st: &Statx, ids: &IdMapping) -> stat64 {
     // SAFETY: stat64 is a plain C struct of integers (with private padding fields, which is why
     // it cannot be built field by field); the all-zero bit pattern is a valid value for it.
     let mut s: stat64 = unsafe { std::mem::zeroed() };
     s.st_ino = st.stx_ino;
     s.st_nlink = u64::from(st.stx_nlink);
     s.st_mode = u32::from(st.stx_mode);
-    s.st_uid = st.stx_uid;
-    s.st_gid = st.stx_gid;
+    s.st_uid = ids.guest_uid(HostUid::new(st.stx_uid)).get();
+    s.st_gid = ids.guest_gid(HostGid::new(st.stx_gid)).get();
     s.st_rdev = st.stx_rdev;
     s.st_size = i64::try_from(st.stx_size).unwrap_or(i64::MAX);
     s.st_blksize = i64::from(st.stx_blksize);
@@ -454,7 +459,7 @@ impl CephFs {
     pub fn new(mount: Mount, cfg: FsConfig) -> io::Result<Self> {
         let root = mount.lookup_root()?;
         let perms = PermCache::default();
-        let st = mount.getattr(&root, WANT, 0, &perms.get(0, 0))?;
+        let st = mount.getattr(&root, WANT, 0, &perms.root())?;
         let nodes = NodeTable::new(NewNode {
             vino: vino_of(&st),
             kind: kind_of(&st),
@@ -527,8 +532,14 @@ impl CephFs {
         self.nodes.get(id).ok_or_else(|| errno(libc::ESTALE))
     }
 
-    fn perm(&self, ctx: &Context) -> Arc<ceph_client::UserPerm> {
-        self.perms.get(ctx.uid, ctx.gid)
+    /// The caller of a request: where its credentials become CephFS ids (see [`perms`]).
+    #[inline]
+    fn caller(&self, ctx: &Context) -> io::Result<Caller> {
+        Caller::map(ctx, &self.cfg.idmap)
+    }
+
+    fn perm(&self, ctx: &Caller) -> Arc<ceph_client::UserPerm> {
+        self.perms.get(ctx.host_uid(), ctx.host_gid())
     }
 
     fn class(&self, node: &Node) -> NodeClass {
@@ -594,7 +605,7 @@ impl CephFs {
     /// lookup, and each file one more.
     fn derive_domain(&self, node: &Node, g: &crate::quarantine::Gate, generation: u32) -> u32 {
         use crate::quarantine::UNSURE;
-        let perm = self.perms.get(0, 0);
+        let perm = self.perms.root();
         // The ancestors passed, nearest first; all of them lie between `node` and where the
         // walk ended, so they get the same domain (none of them is a domain root).
         let mut chain: Vec<Arc<Node>> = Vec::new();
@@ -671,7 +682,7 @@ impl CephFs {
         if ino == root.ino {
             return Up::Root;
         }
-        let perm = self.perms.get(0, 0);
+        let perm = self.perms.root();
         let mut cur: Option<Inode> = None;
         let mut cur_ino = ino;
         for _ in 0..MAX_DEPTH {
@@ -702,7 +713,7 @@ impl CephFs {
     /// Quarantine gate: EACCES (and a rate-limited audit line) when `domain` is denied. For
     /// domain 0 (outside every quarantine-capable directory) this is one comparison.
     #[inline]
-    fn gate(&self, domain: u32, op: &'static str, uid: u32) -> io::Result<()> {
+    fn gate(&self, domain: u32, op: &'static str, uid: GuestUid) -> io::Result<()> {
         if domain == 0 {
             return Ok(());
         }
@@ -716,9 +727,9 @@ impl CephFs {
     }
 
     /// The node `id`, if the caller may touch it now (stale id: ESTALE; quarantined: EACCES).
-    fn node_op(&self, id: u64, op: &'static str, ctx: &Context) -> io::Result<Arc<Node>> {
+    fn node_op(&self, id: u64, op: &'static str, ctx: &Caller) -> io::Result<Arc<Node>> {
         let node = self.node(id)?;
-        self.gate(self.domain_of(&node), op, ctx.uid)?;
+        self.gate(self.domain_of(&node), op, ctx.guest_uid())?;
         Ok(node)
     }
 
@@ -727,7 +738,7 @@ impl CephFs {
     /// structure on whatever inode it is handed as a parent, and aborts the daemon
     /// (`Inode::open_dir`: `ceph_assert(dentries.size() < 2)`) when that inode is a file with
     /// two cached names; the guest kernel never sends such a request, a hostile guest can.
-    fn dir_op(&self, id: u64, op: &'static str, ctx: &Context) -> io::Result<Arc<Node>> {
+    fn dir_op(&self, id: u64, op: &'static str, ctx: &Caller) -> io::Result<Arc<Node>> {
         let node = self.node_op(id, op, ctx)?;
         if !node.is_dir() {
             return Err(errno(libc::ENOTDIR));
@@ -763,7 +774,7 @@ impl CephFs {
         inode: Inode,
         st: &Statx,
         op: &'static str,
-        gate: Option<(&'static str, u32)>,
+        gate: Option<(&'static str, GuestUid)>,
     ) -> io::Result<Entry> {
         let vino = vino_of(st);
         if !is_child(parent.vino, vino) {
@@ -881,10 +892,10 @@ impl CephFs {
     /// Removing `security.capability` stays open to whoever may write the file: it takes a
     /// privilege away, and it is what the guest kernel's own kill on write sends, with the
     /// writer's credentials.
-    fn privileged_xattr(&self, name: &CStr, uid: u32, removing: bool) -> io::Result<()> {
+    fn privileged_xattr(&self, name: &CStr, uid: HostUid, removing: bool) -> io::Result<()> {
         let n = name.to_bytes();
         let caps = n == b"security.capability" && !removing;
-        if uid != 0 && (n.starts_with(b"trusted.") || caps) {
+        if !uid.is_root() && (n.starts_with(b"trusted.") || caps) {
             return Err(errno(libc::EPERM));
         }
         Ok(())
@@ -895,14 +906,20 @@ impl CephFs {
         Entry {
             inode: node.id,
             generation: 0,
-            attr: to_stat(st),
+            attr: to_stat(st, &self.cfg.idmap),
             attr_flags: 0,
             attr_timeout: ttl.attr,
             entry_timeout: ttl.entry,
         }
     }
 
-    fn file(&self, node: u64, fh: u64, op: &'static str, uid: u32) -> io::Result<Arc<OpenFile>> {
+    fn file(
+        &self,
+        node: u64,
+        fh: u64,
+        op: &'static str,
+        uid: GuestUid,
+    ) -> io::Result<Arc<OpenFile>> {
         let h = self.handles.get(node, fh).map_err(errno)?;
         match &h.handle {
             Handle::File(f) => {
@@ -925,7 +942,7 @@ impl CephFs {
         let name = c"security.capability";
         match self
             .mount
-            .getxattr(&node.inode, name, &mut [], &self.perms.get(0, 0))
+            .getxattr(&node.inode, name, &mut [], &self.perms.root())
         {
             Ok(_) => true,
             Err(e) => e.errno() != libc::ENODATA,
@@ -941,7 +958,7 @@ impl CephFs {
     /// It clears both bits of a file with any execute bit, a little more than Linux (which
     /// keeps setgid without group-execute: a mandatory-locking marker, not a privilege).
     fn apply_kill(&self, node: &Node, kill: Kill) -> io::Result<()> {
-        let root = self.perms.get(0, 0);
+        let root = self.perms.root();
         if kill.new_mode.is_some() {
             // Read again here, not at the decision: the fallback below then has the shortest
             // window it can have (libcephfs answers under the As cap, no MDS request).
@@ -1026,7 +1043,7 @@ impl CephFs {
     /// by anyone since then stands as it is (with the special bits as the MDS left them).
     /// Re-read just before the change, as root (libcephfs answers under the As cap).
     fn put_special_bits(&self, node: &Node, before: u32, want: u32) -> io::Result<()> {
-        let root = self.perms.get(0, 0);
+        let root = self.perms.root();
         let now = u32::from(
             self.mount
                 .getattr(&node.inode, CEPH_STATX_MODE, 0, &root)?
@@ -1079,7 +1096,7 @@ impl CephFs {
         node: &Node,
         st: &Statx,
         mask: u32,
-        ctx: &Context,
+        ctx: &Caller,
         perm: &ceph_client::UserPerm,
     ) -> io::Result<bool> {
         let cur = self.mount.getattr(&node.inode, WANT, 0, perm)?;
@@ -1088,7 +1105,7 @@ impl CephFs {
             | CEPH_SETATTR_MODE
             | CEPH_SETATTR_CTIME
             | CEPH_SETATTR_KILL_SGUID;
-        Ok(cur.stx_uid == ctx.uid
+        Ok(HostUid::new(cur.stx_uid) == ctx.host_uid()
             && mask & CEPH_SETATTR_GID != 0
             && mask & !chown == 0
             && (mask & CEPH_SETATTR_UID == 0 || st.stx_uid == cur.stx_uid))
@@ -1137,7 +1154,7 @@ impl CephFs {
         if old.id == new.id {
             return;
         }
-        let root = self.perms.get(0, 0);
+        let root = self.perms.root();
         let mut buf = [0u8; 32];
         if let Err(e) = self
             .mount
@@ -1147,7 +1164,7 @@ impl CephFs {
         }
     }
 
-    fn lookup_name(&self, parent: &Arc<Node>, name: &CStr, ctx: &Context) -> io::Result<Entry> {
+    fn lookup_name(&self, parent: &Arc<Node>, name: &CStr, ctx: &Caller) -> io::Result<Entry> {
         let perm = self.perm(ctx);
         let bytes = name.to_bytes();
         if bytes == b"." {
@@ -1165,7 +1182,7 @@ impl CephFs {
             inode,
             &st,
             "lookup",
-            Some(("lookup", ctx.uid)),
+            Some(("lookup", ctx.guest_uid())),
         )
     }
 
@@ -1178,7 +1195,7 @@ impl CephFs {
     /// ([`Self::walk_up`]): a directory moved out of the export has no parent the guest may
     /// see (EACCES). libcephfs's own ".." of the export root's `.snap` is the export's
     /// parent (issue 13), hence never asked there.
-    fn lookup_parent(&self, node: &Arc<Node>, ctx: &Context) -> io::Result<Entry> {
+    fn lookup_parent(&self, node: &Arc<Node>, ctx: &Caller) -> io::Result<Entry> {
         let perm = self.perm(ctx);
         let link = node.link();
         let up = if node.id == ROOT_ID {
@@ -1218,7 +1235,7 @@ impl CephFs {
                     }
                     None => (0, 0),
                 };
-                self.gate(domain.0, "lookup", ctx.uid)?;
+                self.gate(domain.0, "lookup", ctx.guest_uid())?;
                 let n = self.insert_node(
                     NewNode {
                         vino,
@@ -1232,7 +1249,7 @@ impl CephFs {
                 return Ok(self.entry_for(&n, &st));
             }
         };
-        self.gate(self.domain_of(&up), "lookup", ctx.uid)?;
+        self.gate(self.domain_of(&up), "lookup", ctx.guest_uid())?;
         let st = self.mount.getattr(&up.inode, WANT, 0, &perm)?;
         self.same_entry(&up, &st)
     }
@@ -1386,6 +1403,7 @@ impl FileSystem for CephFs {
     }
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
+        let ctx = &self.caller(ctx)?;
         names::check_name(name, Use::Lookup).map_err(errno)?;
         let parent = self.dir_op(parent, "lookup", ctx)?;
         match self
@@ -1399,7 +1417,7 @@ impl FileSystem for CephFs {
                 Ok(Entry {
                     inode: 0,
                     generation: 0,
-                    attr: to_stat(&Statx::default()),
+                    attr: to_stat(&Statx::default(), &self.cfg.idmap),
                     attr_flags: 0,
                     attr_timeout: Duration::ZERO,
                     entry_timeout: self.policy.ttl(self.class(&parent)).entry,
@@ -1425,9 +1443,13 @@ impl FileSystem for CephFs {
         inode: u64,
         _handle: Option<u64>,
     ) -> io::Result<(stat64, Duration)> {
+        let ctx = &self.caller(ctx)?;
         let node = self.node_op(inode, "getattr", ctx)?;
         let st = self.mount.getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
-        Ok((to_stat(&st), self.policy.ttl(self.class(&node)).attr))
+        Ok((
+            to_stat(&st, &self.cfg.idmap),
+            self.policy.ttl(self.class(&node)).attr,
+        ))
     }
 
     fn setattr(
@@ -1438,6 +1460,8 @@ impl FileSystem for CephFs {
         handle: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(stat64, Duration)> {
+        let ctx = &self.caller(ctx)?;
+        let attr = perms::setattr_owners(attr, valid, &self.cfg.idmap)?;
         let node = self.node_op(inode, "setattr", ctx)?;
         // Only a regular file has a size to set (Linux's do_truncate: EISDIR, else EINVAL).
         // Pacific's MDS dies of the others: a directory's size set and then lowered is a
@@ -1466,19 +1490,19 @@ impl FileSystem for CephFs {
         // group: libcephfs, which knows the primary gid only, drops the bit silently. The
         // guest kernel already cleared it where the caller is no member of the group
         // (`default_permissions`), so the owner's mode is set as root.
-        if chmod_sets_sgid(&st, mask, ctx.uid)
+        if chmod_sets_sgid(&st, mask, ctx.host_uid().get())
             && self
                 .mount
                 .getattr(&node.inode, CEPH_STATX_UID, 0, &perm)?
                 .stx_uid
-                == ctx.uid
+                == ctx.host_uid().get()
         {
-            perm = self.perms.get(0, 0);
+            perm = self.perms.root();
         }
         // ftruncate(2) needs only a descriptor open for writing (`ftruncate_request`).
         if through_writable_handle {
             if let Some((s, m)) = ftruncate_request(&st, mask, now) {
-                perm = self.perms.get(0, 0);
+                perm = self.perms.root();
                 (st, mask) = (s, m);
             }
         }
@@ -1487,22 +1511,26 @@ impl FileSystem for CephFs {
                 Ok(()) => {}
                 // libcephfs checks with the primary gid only and turns "now" into explicit
                 // times; some changes Linux allows it refuses. See `allowed_by_guest`.
-                Err(e) if e.errno() == libc::EPERM && ctx.uid != 0 => {
+                Err(e) if e.errno() == libc::EPERM && !ctx.host_uid().is_root() => {
                     if !self.allowed_by_guest(&node, &st, mask, ctx, &perm)? {
                         return Err(e.into());
                     }
                     self.mount
-                        .setattr(&node.inode, &st, mask, &self.perms.get(0, 0))?;
+                        .setattr(&node.inode, &st, mask, &self.perms.root())?;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
         self.after_setattr(&node, mask, kill)?;
         let out = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
-        Ok((to_stat(&out), self.policy.ttl(self.class(&node)).attr))
+        Ok((
+            to_stat(&out, &self.cfg.idmap),
+            self.policy.ttl(self.class(&node)).attr,
+        ))
     }
 
     fn readlink(&self, ctx: &Context, inode: u64) -> io::Result<Vec<u8>> {
+        let ctx = &self.caller(ctx)?;
         let node = self.node_op(inode, "readlink", ctx)?;
         Ok(self.mount.readlink(&node.inode, &self.perm(ctx))?)
     }
@@ -1514,6 +1542,7 @@ impl FileSystem for CephFs {
         parent: u64,
         name: &CStr,
     ) -> io::Result<Entry> {
+        let ctx = &self.caller(ctx)?;
         self.changed_name(name, names::Change::New)?;
         if linkname.to_bytes().len() >= PATH_MAX {
             return Err(errno(libc::ENAMETOOLONG));
@@ -1536,6 +1565,7 @@ impl FileSystem for CephFs {
         rdev: u32,
         _umask: u32,
     ) -> io::Result<Entry> {
+        let ctx = &self.caller(ctx)?;
         self.changed_name(name, names::Change::New)?;
         mknod_allowed(mode, self.cfg.allow_device_nodes)?;
         let parent = self.dir_op(parent, "mknod", ctx)?;
@@ -1561,6 +1591,7 @@ impl FileSystem for CephFs {
         mode: u32,
         _umask: u32,
     ) -> io::Result<Entry> {
+        let ctx = &self.caller(ctx)?;
         self.changed_name(name, names::Change::New)?;
         let parent = self.dir_op(parent, "mkdir", ctx)?;
         self.snapdir_change(&parent)?;
@@ -1572,6 +1603,7 @@ impl FileSystem for CephFs {
     }
 
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.changed_name(name, names::Change::Unlink)?;
         let parent = self.dir_op(parent, "unlink", ctx)?;
         self.snapdir_change(&parent)?;
@@ -1580,6 +1612,7 @@ impl FileSystem for CephFs {
     }
 
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.changed_name(name, names::Change::Rmdir)?;
         let parent = self.dir_op(parent, "rmdir", ctx)?;
         self.snapdir_change(&parent)?;
@@ -1600,6 +1633,7 @@ impl FileSystem for CephFs {
         newname: &CStr,
         flags: u32,
     ) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.changed_name(oldname, names::Change::Rename)?;
         self.changed_name(newname, names::Change::Rename)?;
         let old = self.dir_op(olddir, "rename", ctx)?;
@@ -1653,6 +1687,7 @@ impl FileSystem for CephFs {
     }
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+        let ctx = &self.caller(ctx)?;
         self.changed_name(newname, names::Change::New)?;
         let node = self.node_op(inode, "link", ctx)?;
         let parent = self.dir_op(newparent, "link", ctx)?;
@@ -1675,6 +1710,7 @@ impl FileSystem for CephFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
+        let ctx = &self.caller(ctx)?;
         let node = self.node_op(inode, "open", ctx)?;
         if node.is_dir() {
             return Err(errno(libc::EISDIR));
@@ -1721,6 +1757,7 @@ impl FileSystem for CephFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
+        let ctx = &self.caller(ctx)?;
         self.changed_name(name, names::Change::New)?;
         let parent = self.dir_op(parent, "create", ctx)?;
         self.snapdir_change(&parent)?;
@@ -1793,6 +1830,7 @@ impl FileSystem for CephFs {
         lock_owner: Option<u64>,
         flags: u32,
     ) -> io::Result<usize> {
+        let ctx = &self.caller(ctx)?;
         self.do_read(ctx, inode, handle, w, size, offset, lock_owner, flags)
     }
 
@@ -1809,6 +1847,7 @@ impl FileSystem for CephFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
+        let ctx = &self.caller(ctx)?;
         self.do_write(
             ctx,
             inode,
@@ -1824,10 +1863,11 @@ impl FileSystem for CephFs {
     }
 
     fn flush(&self, ctx: &Context, inode: u64, handle: u64, lock_owner: u64) -> io::Result<()> {
-        self.do_flush(ctx, inode, handle, lock_owner)
+        self.do_flush(perms::guest_uid(ctx), inode, handle, lock_owner)
     }
 
     fn fsync(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.do_fsync(ctx, inode, datasync, handle)
     }
 
@@ -1840,6 +1880,7 @@ impl FileSystem for CephFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.do_fallocate(ctx, inode, handle, mode, offset, length)
     }
 
@@ -1864,6 +1905,7 @@ impl FileSystem for CephFs {
     }
 
     fn statfs(&self, ctx: &Context, inode: u64) -> io::Result<statvfs64> {
+        let ctx = &self.caller(ctx)?;
         let node = self.node_op(inode, "statfs", ctx)?;
         let s = self.mount.statfs(&node.inode)?;
         // SAFETY: statvfs64 is a plain C struct of integers (with private padding); all-zero is
@@ -1891,6 +1933,7 @@ impl FileSystem for CephFs {
         value: &[u8],
         flags: u32,
     ) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         if !self.cfg.xattr {
             return Err(errno(libc::ENOSYS));
         }
@@ -1898,7 +1941,7 @@ impl FileSystem for CephFs {
             XattrAccess::Full => {}
             XattrAccess::ReadOnly | XattrAccess::Hidden => return Err(errno(libc::EPERM)),
         }
-        self.privileged_xattr(name, ctx.uid, false)?;
+        self.privileged_xattr(name, ctx.host_uid(), false)?;
         if value.len() > XATTR_SIZE_MAX {
             return Err(errno(libc::E2BIG));
         }
@@ -1916,6 +1959,7 @@ impl FileSystem for CephFs {
         name: &CStr,
         size: u32,
     ) -> io::Result<GetxattrReply> {
+        let ctx = &self.caller(ctx)?;
         if !self.cfg.xattr {
             return Err(errno(libc::ENOSYS));
         }
@@ -1937,6 +1981,7 @@ impl FileSystem for CephFs {
     }
 
     fn listxattr(&self, ctx: &Context, inode: u64, size: u32) -> io::Result<ListxattrReply> {
+        let ctx = &self.caller(ctx)?;
         if !self.cfg.xattr {
             return Err(errno(libc::ENOSYS));
         }
@@ -1953,6 +1998,7 @@ impl FileSystem for CephFs {
     }
 
     fn removexattr(&self, ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         if !self.cfg.xattr {
             return Err(errno(libc::ENOSYS));
         }
@@ -1961,7 +2007,7 @@ impl FileSystem for CephFs {
             XattrAccess::ReadOnly => return Err(errno(libc::EPERM)),
             XattrAccess::Hidden => return Err(errno(libc::ENODATA)),
         }
-        self.privileged_xattr(name, ctx.uid, true)?;
+        self.privileged_xattr(name, ctx.host_uid(), true)?;
         let node = self.node_op(inode, "removexattr", ctx)?;
         match self.mount.removexattr(&node.inode, name, &self.perm(ctx)) {
             // libcephfs says ENOENT for a name the inode does not carry (when it carries
@@ -1977,6 +2023,7 @@ impl FileSystem for CephFs {
         inode: u64,
         flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions)> {
+        let ctx = &self.caller(ctx)?;
         self.do_opendir(ctx, inode, flags)
     }
 
@@ -1989,6 +2036,7 @@ impl FileSystem for CephFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry) -> io::Result<usize>,
     ) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.do_readdir(ctx, inode, handle, size, offset, add_entry)
     }
 
@@ -2001,10 +2049,12 @@ impl FileSystem for CephFs {
         offset: u64,
         add_entry: &mut dyn FnMut(DirEntry, Entry) -> io::Result<usize>,
     ) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.do_readdirplus(ctx, inode, handle, size, offset, add_entry)
     }
 
     fn fsyncdir(&self, ctx: &Context, inode: u64, datasync: bool, handle: u64) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.do_fsyncdir(ctx, inode, datasync, handle)
     }
 
@@ -2013,9 +2063,10 @@ impl FileSystem for CephFs {
     }
 
     fn access(&self, ctx: &Context, inode: u64, mask: u32) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         let node = self.node_op(inode, "access", ctx)?;
         let st = self.mount.getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
-        access_allowed(&st, ctx.uid, ctx.gid, mask)
+        access_allowed(&st, ctx.host_uid().get(), ctx.host_gid().get(), mask)
             .then_some(())
             .ok_or_else(|| errno(libc::EACCES))
     }
@@ -2028,6 +2079,7 @@ impl FileSystem for CephFs {
         offset: u64,
         whence: u32,
     ) -> io::Result<u64> {
+        let ctx = &self.caller(ctx)?;
         self.do_lseek(ctx, inode, handle, offset, whence)
     }
 
@@ -2040,6 +2092,7 @@ impl FileSystem for CephFs {
         lock: FileLock,
         flags: u32,
     ) -> io::Result<FileLock> {
+        let ctx = &self.caller(ctx)?;
         self.do_getlk(ctx, inode, handle, owner, lock, flags)
     }
 
@@ -2052,6 +2105,7 @@ impl FileSystem for CephFs {
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.do_setlk(ctx, inode, handle, owner, lock, flags)
     }
 
@@ -2064,6 +2118,7 @@ impl FileSystem for CephFs {
         lock: FileLock,
         flags: u32,
     ) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
         self.do_setlkw(ctx, inode, handle, owner, lock, flags)
     }
 }
@@ -2192,7 +2247,7 @@ mod tests {
     }
 
     fn attr() -> stat64 {
-        let mut a = to_stat(&Statx::default());
+        let mut a = to_stat(&Statx::default(), &IdMapping::default());
         a.st_size = 4123;
         a.st_mtime = 978_307_200;
         a.st_mtime_nsec = 5;
@@ -2406,10 +2461,21 @@ mod tests {
         x.stx_ino = 0x100_0000_0001;
         x.stx_size = u64::MAX;
         x.stx_nlink = 2;
-        let s = to_stat(&x);
+        let s = to_stat(&x, &IdMapping::default());
         assert_eq!(s.st_ino, 0x100_0000_0001);
         assert_eq!(s.st_mode, libc::S_IFREG | 0o644);
         assert_eq!(s.st_size, i64::MAX, "sizes past i64 saturate");
         assert_eq!((s.st_uid, s.st_gid, s.st_nlink), (7, 8, 2));
+    }
+
+    #[test]
+    fn replied_owners_are_the_guests_ids() {
+        let rule = |r: &str| r.parse::<crate::idmap::Rule>().unwrap();
+        let ids =
+            IdMapping::new(&[rule("map:0:5000:1")], &[rule("squash-host:5000:0:100")]).unwrap();
+        let s = to_stat(&st(libc::S_IFREG | 0o644, 5000, 5050), &ids);
+        assert_eq!((s.st_uid, s.st_gid), (0, 0));
+        let s = to_stat(&st(libc::S_IFREG | 0o644, 42, 42), &ids);
+        assert_eq!((s.st_uid, s.st_gid), (42, 42));
     }
 }

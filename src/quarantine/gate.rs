@@ -6,6 +6,7 @@ use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::idmap::GuestUid;
 
 /// What the filesystem asks on every request. Written by the watcher only.
 pub struct Gate {
@@ -457,8 +458,8 @@ impl Gate {
         }
     }
 
-    /// Log one denied operation (rate-limited).
-    pub fn audit(&self, domain: u32, op: &'static str, uid: u32) {
+    /// Log one denied operation (rate-limited), naming the caller by its guest uid.
+    pub fn audit(&self, domain: u32, op: &'static str, guest_uid: GuestUid) {
         crate::metrics::quarantine_denied();
         let suppressed = {
             let mut a = self.audit.lock().unwrap_or_else(|e| e.into_inner());
@@ -477,7 +478,7 @@ impl Gate {
         tracing::warn!(
             domain = %self.path_of(domain),
             op,
-            uid,
+            guest_uid = guest_uid.get(),
             suppressed_before = suppressed,
             "quarantine: operation denied"
         );
@@ -812,7 +813,7 @@ mod tests {
         let g = Gate::new();
         let d = g.domain_for_path("/x").unwrap();
         for _ in 0..100 {
-            g.audit(d, "lookup", 1000);
+            g.audit(d, "lookup", GuestUid::new(1000));
         }
         let a = g.audit.lock().unwrap();
         assert_eq!(a.lines, AUDIT_PER_SEC);
