@@ -76,7 +76,7 @@
 //! exporting it keeps access while its enclosing subvolume is quarantined).
 //!
 //! # Audit
-//! Each denied operation logs one warn line (domain path, op, uid), at most
+//! Each denied operation logs one warn line (domain path, op, `guest_uid`: the uid in the guest), at most
 //! [`AUDIT_PER_SEC`] per second; the rest are counted and reported in the next line.
 
 use std::collections::HashMap;
