@@ -12,19 +12,18 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ceph_client::{MountBuilder, UserPerm, CEPH_STATX_BASIC_STATS};
+use ceph_client::{MountBuilder, UserPerm};
 use ceph_virtiofsd::fs::{CephFs, FsConfig};
 use ceph_virtiofsd::quarantine::{self, CephAccess, QuarantineConfig, Watcher};
 use fuse_backend_rs::abi::fuse_abi::{CreateIn, FsOptions};
 use fuse_backend_rs::api::filesystem::{Context, FileSystem, ListxattrReply};
 
+use common::quarantine::{mkdirs, qcfg, run_cmd, wait_for, walk, BOUND};
 use common::{c, errno, Lab};
 
 fn ctx(uid: u32) -> Context {
     common::ctx(uid, uid)
 }
-
-const BOUND: Duration = Duration::from_millis(1000);
 
 fn access(lab: &Lab, options: Vec<(String, String)>) -> CephAccess {
     CephAccess {
@@ -70,21 +69,6 @@ fn daemon(lab: &Lab, root: &str, q: Option<QuarantineConfig>, asok: Option<&Path
     }
 }
 
-fn qcfg() -> QuarantineConfig {
-    QuarantineConfig {
-        propagation: BOUND,
-        ..QuarantineConfig::default()
-    }
-}
-
-fn walk(fs: &CephFs, path: &str) -> io::Result<u64> {
-    let mut id = 1;
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        id = fs.lookup(&ctx(0), id, &c(part))?.inode;
-    }
-    Ok(id)
-}
-
 fn open(fs: &CephFs, id: u64) -> u64 {
     fs.open(&ctx(0), id, libc::O_RDWR as u32, 0)
         .unwrap()
@@ -96,54 +80,6 @@ fn open(fs: &CephFs, id: u64) -> u64 {
 /// handle path (handle lookup + the gate on the handle's domain), which is what is tested.
 fn read(fs: &CephFs, id: u64, fh: u64) -> io::Result<u64> {
     fs.lseek(&ctx(0), id, fh, 0, libc::SEEK_END as u32)
-}
-
-fn run_cmd(lab: &Lab, action: &str, path: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
-        .args(["quarantine", action, path, "--ceph-conf"])
-        .arg(&lab.conf)
-        .args(["--client-id", &lab.client_id])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "quarantine {action} {path}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Wait until `f` holds (at most 20 s; the figure is printed, never asserted).
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) -> Duration {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < Duration::from_secs(20), "{what}: never");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let d = t.elapsed();
-    println!("{what}: after {} ms", d.as_millis());
-    d
-}
-
-/// mkdir -p with libcephfs, mode 0777.
-fn mkdirs(lab: &Lab, path: &str) {
-    let m = lab.ceph();
-    let perm = UserPerm::root();
-    let mut cur = m.lookup_root().unwrap();
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        let name = c(part);
-        cur = match m.lookup(&cur, &name, 0, 0, &perm) {
-            Ok((i, _)) => i,
-            Err(_) => match m.mkdir(&cur, &name, 0o777, CEPH_STATX_BASIC_STATS, 0, &perm) {
-                Ok((i, _)) => i,
-                // Tests run in parallel: another one may have made it since the lookup.
-                Err(e) if e.errno() == libc::EEXIST => {
-                    m.lookup(&cur, &name, 0, 0, &perm).unwrap().0
-                }
-                Err(e) => panic!("mkdir {part} of {path}: {e}"),
-            },
-        };
-    }
 }
 
 fn write_file(fs: &CephFs, dir: u64, name: &str) -> u64 {
@@ -181,8 +117,8 @@ fn quarantine_end_to_end() {
     let group = format!("qt{}", std::process::id());
     let sva = format!("/volumes/{group}/sva");
     let svb = format!("/volumes/{group}/svb");
-    mkdirs(&lab, &format!("{sva}/data"));
-    mkdirs(&lab, &format!("{svb}/data"));
+    mkdirs(&lab.ceph(), &format!("{sva}/data"));
+    mkdirs(&lab.ceph(), &format!("{svb}/data"));
 
     // Daemon A exports the whole filesystem; daemon B exports the inside of subvolume sva.
     let a = daemon(&lab, "/", Some(qcfg()), None);
@@ -379,12 +315,12 @@ fn quarantine_end_to_end() {
 fn new_subvolumes_are_discovered_and_plain_dirs_are_not_domains() {
     let lab = Lab::get();
     let group = format!("qn{}", std::process::id());
-    mkdirs(&lab, &format!("/volumes/{group}"));
-    mkdirs(&lab, &format!("/plain-{group}/d"));
+    mkdirs(&lab.ceph(), &format!("/volumes/{group}"));
+    mkdirs(&lab.ceph(), &format!("/plain-{group}/d"));
     let a = daemon(&lab, "/", Some(qcfg()), None);
     // Created after the daemon started, then quarantined at once.
     let sv = format!("/volumes/{group}/late");
-    mkdirs(&lab, &format!("{sv}/data"));
+    mkdirs(&lab.ceph(), &format!("{sv}/data"));
     run_cmd(&lab, "enable", &sv);
     wait_for("new subvolume denied", || walk(&a.fs, &sv).is_err());
     assert_eq!(errno(walk(&a.fs, &sv)), libc::EACCES);
@@ -431,8 +367,8 @@ fn no_extra_mds_requests_with_quarantine_on() {
     let tag = format!("qc{}", std::process::id());
     let sv = format!("/volumes/{tag}/sv");
     let deep: String = (1..=24).map(|i| format!("/d{i}")).collect();
-    mkdirs(&lab, &format!("/{tag}-plain{deep}"));
-    mkdirs(&lab, &format!("{sv}{deep}"));
+    mkdirs(&lab.ceph(), &format!("/{tag}-plain{deep}"));
+    mkdirs(&lab.ceph(), &format!("{sv}{deep}"));
     let work = lab.scratch(&tag);
     let on_sock = work.join("on.asok");
     let off_sock = work.join("off.asok");
@@ -551,8 +487,8 @@ fn guest_open_handle_and_cached_dentry() {
     let group = format!("qg{}", std::process::id());
     let sv = format!("/volumes/{group}/sv");
     let sib = format!("/volumes/{group}/sib");
-    mkdirs(&lab, &format!("{sv}/d"));
-    mkdirs(&lab, &format!("{sib}/d"));
+    mkdirs(&lab.ceph(), &format!("{sv}/d"));
+    mkdirs(&lab.ceph(), &format!("{sib}/d"));
     let work = lab.scratch(&group);
     let d = common::Daemon::start(&lab, &work, &format!("/volumes/{group}"), &[]);
     // The guest signals through the share itself: it creates `ready` in the sibling, the host
@@ -590,7 +526,7 @@ echo "QT done"
             std::thread::sleep(Duration::from_millis(100));
         }
         run_cmd(&lab2, "enable", &sv2);
-        mkdirs(&lab2, &format!("{sib2}/go"));
+        mkdirs(&lab2.ceph(), &format!("{sib2}/go"));
     });
     let run = common::run_guest(&lab, &work, &d, script, &[], 240);
     host.join().unwrap();
@@ -639,7 +575,7 @@ fn path_daemon(lab: &Lab, paths: &[&str]) -> Daemon {
 fn hostile_quarantine_late_directory_cwd_and_open_fd() {
     let lab = Lab::get();
     let top = format!("/hostile-qlate-{}", std::process::id());
-    mkdirs(&lab, &format!("{top}/p0"));
+    mkdirs(&lab.ceph(), &format!("{top}/p0"));
     let (p0, p1) = (format!("{top}/p0"), format!("{top}/p1"));
     let a = path_daemon(&lab, &[&p0, &p1]);
     let root = ctx(0);
@@ -682,8 +618,8 @@ fn hostile_quarantine_directory_renamed_in_by_another_client() {
     let lab = Lab::get();
     let top = format!("/hostile-qren-{}", std::process::id());
     let q = format!("{top}/q");
-    mkdirs(&lab, &q);
-    mkdirs(&lab, &format!("{top}/out/x"));
+    mkdirs(&lab.ceph(), &q);
+    mkdirs(&lab.ceph(), &format!("{top}/out/x"));
     let a = path_daemon(&lab, &[&q]);
     let root = ctx(0);
     let x = walk(&a.fs, &format!("{top}/out/x")).unwrap();
@@ -713,8 +649,8 @@ fn hostile_quarantine_hard_link_made_before() {
     let lab = Lab::get();
     let top = format!("/hostile-qlink-{}", std::process::id());
     let q = format!("{top}/q");
-    mkdirs(&lab, &q);
-    mkdirs(&lab, &format!("{top}/out"));
+    mkdirs(&lab.ceph(), &q);
+    mkdirs(&lab.ceph(), &format!("{top}/out"));
     // The tenant's export holds both directories (a daemon exporting "/" would also deny
     // multiply-linked files while other tests quarantine their subvolumes).
     let a = daemon(
@@ -748,7 +684,7 @@ fn hostile_quarantine_recreated_subvolume() {
     let lab = Lab::get();
     let group = format!("hqr{}", std::process::id());
     let sv = format!("/volumes/{group}/sv");
-    mkdirs(&lab, &format!("{sv}/old"));
+    mkdirs(&lab.ceph(), &format!("{sv}/old"));
     let a = daemon(&lab, "/", Some(qcfg()), None);
     walk(&a.fs, &format!("{sv}/old")).unwrap();
     let m = lab.ceph();
@@ -757,7 +693,7 @@ fn hostile_quarantine_recreated_subvolume() {
     let old = quarantine::resolve(&m, &sv, &perm).unwrap();
     m.rmdir(&old, &c("old"), &perm).unwrap();
     m.rmdir(&g, &c("sv"), &perm).unwrap();
-    mkdirs(&lab, &format!("{sv}/new"));
+    mkdirs(&lab.ceph(), &format!("{sv}/new"));
     std::thread::sleep(BOUND);
     let new = walk(&a.fs, &format!("{sv}/new")).unwrap();
     run_cmd(&lab, "enable", &sv);
@@ -774,7 +710,7 @@ fn hostile_quarantine_recreated_subvolume() {
 fn hostile_quarantine_unnormalised_ceph_root() {
     let lab = Lab::get();
     let group = format!("hqn{}", std::process::id());
-    mkdirs(&lab, &format!("/volumes/{group}/sv/data"));
+    mkdirs(&lab.ceph(), &format!("/volumes/{group}/sv/data"));
     for spelling in [
         format!("/volumes//{group}/sv/data/"),
         format!("/volumes/./{group}//sv"),
@@ -794,7 +730,7 @@ fn hostile_quarantine_unnormalised_ceph_root() {
 /// directory `/<name>/q`.
 fn gated_fs(lab: &Lab, name: &str) -> (CephFs, std::sync::Arc<quarantine::Gate>, u32) {
     let export = lab.export_dir(name);
-    mkdirs(lab, &format!("{export}/q"));
+    mkdirs(&lab.ceph(), &format!("{export}/q"));
     let m = lab.ceph();
     let q = quarantine::resolve(&m, &format!("{export}/q"), &UserPerm::root()).unwrap();
     let gate = std::sync::Arc::new(quarantine::Gate::new());
@@ -988,14 +924,14 @@ fn hostile_quarantine_rederivation_costs_no_mds_request() {
 fn hostile_quarantine_domain_table_full_fails_closed() {
     let lab = Lab::get();
     let tag = format!("hqo{}", std::process::id());
-    mkdirs(&lab, &format!("/{tag}"));
+    mkdirs(&lab.ceph(), &format!("/{tag}"));
     // Fill the table with configured paths (they need not exist).
     let paths: Vec<String> = (0..quarantine::MAX_DOMAINS)
         .map(|i| format!("/{tag}/p{i}"))
         .collect();
     let a = daemon(&lab, "/", Some(QuarantineConfig { paths, ..qcfg() }), None);
     let sv = format!("/volumes/{tag}/sv");
-    mkdirs(&lab, &format!("{sv}/d"));
+    mkdirs(&lab.ceph(), &format!("{sv}/d"));
     wait_for("the untracked subvolume is denied", || {
         walk(&a.fs, &format!("{sv}/d")).is_err()
     });

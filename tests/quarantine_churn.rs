@@ -8,7 +8,6 @@
 mod common;
 
 use std::io;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,9 +17,8 @@ use ceph_virtiofsd::quarantine::{self, CephAccess, Gate, QuarantineConfig, Watch
 use fuse_backend_rs::abi::fuse_abi::FsOptions;
 use fuse_backend_rs::api::filesystem::FileSystem;
 
+use common::quarantine::{mkdirs, qcfg, run_cmd, wait_for, wait_up_to, walk};
 use common::{c, errno, Lab};
-
-const BOUND: Duration = Duration::from_millis(1000);
 
 /// A daemon exporting "/" with its watcher (dropped together) and its gate.
 struct Daemon {
@@ -52,69 +50,6 @@ fn daemon(lab: &Lab, q: QuarantineConfig) -> Daemon {
         fs,
         gate,
         _watcher: watcher,
-    }
-}
-
-fn qcfg() -> QuarantineConfig {
-    QuarantineConfig {
-        propagation: BOUND,
-        ..QuarantineConfig::default()
-    }
-}
-
-fn walk(fs: &CephFs, path: &str) -> io::Result<u64> {
-    let root = common::ctx(0, 0);
-    let mut id = 1;
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        id = fs.lookup(&root, id, &c(part))?.inode;
-    }
-    Ok(id)
-}
-
-fn run_cmd(lab: &Lab, action: &str, path: &str) {
-    let out = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
-        .args(["quarantine", action, path, "--ceph-conf"])
-        .arg(&lab.conf)
-        .args(["--client-id", &lab.client_id])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "quarantine {action} {path}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Wait until `f` holds (at most 20 s; the figure is printed, never asserted).
-fn wait_for(what: &str, f: impl FnMut() -> bool) {
-    wait_up_to(Duration::from_secs(20), what, f);
-}
-
-fn wait_up_to(limit: Duration, what: &str, mut f: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !f() {
-        assert!(t.elapsed() < limit, "{what}: never");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    println!("{what}: after {} ms", t.elapsed().as_millis());
-}
-
-/// mkdir -p with libcephfs.
-fn mkdirs(m: &Mount, path: &str) {
-    let perm = UserPerm::root();
-    let mut cur = m.lookup_root().unwrap();
-    for part in path.split('/').filter(|p| !p.is_empty()) {
-        let name = c(part);
-        cur = match m.lookup(&cur, &name, 0, 0, &perm) {
-            Ok((i, _)) => i,
-            Err(_) => match m.mkdir(&cur, &name, 0o777, CEPH_STATX_BASIC_STATS, 0, &perm) {
-                Ok((i, _)) => i,
-                Err(e) if e.errno() == libc::EEXIST => {
-                    m.lookup(&cur, &name, 0, 0, &perm).unwrap().0
-                }
-                Err(e) => panic!("mkdir {part} of {path}: {e}"),
-            },
-        };
     }
 }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod hostile;
+pub mod quarantine;
 
 use std::ffi::CString;
 use std::io::Read;
