@@ -190,15 +190,7 @@ impl MountBuilder {
 
     /// Read one configuration option (`ceph_conf_get`).
     pub fn conf_get(&self, key: &str) -> Result<String> {
-        let cm = self.raw("ceph_conf_get")?;
-        let k = cstring("ceph_conf_get", key)?;
-        let mut buf = vec![0u8; 4096];
-        // SAFETY: `cm` is live; `buf` is writable for `buf.len()` bytes.
-        let ret = unsafe { sys::ceph_conf_get(cm, k.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
-        check("ceph_conf_get", ret)?;
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        buf.truncate(end);
-        Ok(String::from_utf8_lossy(&buf).into_owned())
+        conf_get(self.raw("ceph_conf_get")?, key)
     }
 
     /// `ceph_select_filesystem`: mount the CephFS named `name` instead of the default one.
@@ -376,6 +368,19 @@ impl std::fmt::Debug for Mount {
     }
 }
 
+/// `ceph_conf_get` on a live handle (mounted or not).
+fn conf_get(cm: *mut sys::ceph_mount_info, key: &str) -> Result<String> {
+    let k = cstring("ceph_conf_get", key)?;
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: the callers pass a live handle they hold; `k` is NUL-terminated and `buf` is
+    // writable for `buf.len()` bytes.
+    let ret = unsafe { sys::ceph_conf_get(cm, k.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    check("ceph_conf_get", ret)?;
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    buf.truncate(end);
+    Ok(String::from_utf8_lossy(&buf).into_owned())
+}
+
 impl Mount {
     /// The raw handle, for the `ceph_mount_info*` argument of calls.
     pub(crate) fn raw(&self) -> *mut sys::ceph_mount_info {
@@ -412,20 +417,10 @@ impl Mount {
         check("ceph_unmount", unsafe { sys::ceph_unmount(self.raw()) }).map(drop)
     }
 
-    /// `ceph_conf_get` on the mounted client: the value of a configuration option.
+    /// `ceph_conf_get` on the mounted client: the value of a configuration option. Reading the
+    /// configuration needs no mounted session, so this works after a shutdown too.
     pub fn conf_get(&self, key: &str) -> Result<String> {
-        let k = cstring("ceph_conf_get", key)?;
-        let mut buf = vec![0u8; 4096];
-        // SAFETY: the handle is live (self holds it); `k` is NUL-terminated and `buf` is
-        // writable for `buf.len()` bytes. Reading the configuration needs no mounted session,
-        // so this is sound after a shutdown too.
-        let ret = unsafe {
-            sys::ceph_conf_get(self.raw(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        };
-        check("ceph_conf_get", ret)?;
-        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-        buf.truncate(end);
-        Ok(String::from_utf8_lossy(&buf).into_owned())
+        conf_get(self.raw(), key)
     }
 
     /// Whether `other` is this mount or a clone of it (a pointer compare).
