@@ -397,7 +397,7 @@ fn quota_exceeded_reaches_the_guest_as_edquot_and_serving_resumes() {
         .and_then(|s| s.split_whitespace().next())
         .and_then(|s| s.parse().ok())
         .unwrap();
-    assert!(written >= 1 && written < 64, "{line}");
+    assert!((1..64).contains(&written), "{line}");
     assert_eq!(kept, written, "files the host found intact vs {line}");
     assert!(run.console.contains("AFTER-FREE ok"), "{}", run.console);
     // The file written after freeing space is whole, seen by another client.

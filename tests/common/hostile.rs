@@ -476,11 +476,17 @@ pub struct PrivateCluster {
 
 impl PrivateCluster {
     pub fn start(lab: &Lab, name: &str) -> PrivateCluster {
+        Self::start_with(lab, name, &[])
+    }
+
+    /// [`PrivateCluster::start`] with options for `ceph-dev-cluster start` (`--standby-mds`).
+    pub fn start_with(lab: &Lab, name: &str, opts: &[&str]) -> PrivateCluster {
         let dir = lab.scratch(name).join("cluster");
         let script = lab.top.join("tests/lab/ceph-dev-cluster");
         let out = Command::new(&script)
             .arg("start")
             .arg(&dir)
+            .args(opts)
             .stdin(Stdio::null())
             .output()
             .expect("run tests/lab/ceph-dev-cluster start");
