@@ -37,6 +37,24 @@ pub struct CephAccess {
     pub options: Vec<(String, String)>,
     /// libcephfs's `client_mount_timeout`; zero = libcephfs's default.
     pub mount_timeout: Duration,
+    /// The stable uuid of the sessions of mounts made through this access (see
+    /// [`session_uuid`]): before mounting, the session that has it (left behind by a daemon
+    /// that was killed or crashed) is ended at once, releasing its caps and file locks, and the
+    /// new session takes it over for the next start to find. `None`: no reclaim. Only for an
+    /// access whose mounts never live at the same time: the MDS refuses a session with the uuid
+    /// of a live one, and a reclaim with it ends whichever session has it.
+    pub session_uuid: Option<String>,
+}
+
+/// The CephFS session uuid of the device `instance_id` (`--instance-id`) served as cephx user
+/// `cephx_name` ("client.vm1"): `ceph-virtiofsd/client.vm1/INSTANCE`, and for the daemon's
+/// other long-lived session, the quarantine watcher's, `ceph-virtiofsd/client.vm1/INSTANCE/
+/// quarantine`. The MDS keeps it in the session's client metadata (`ceph tell mds.* session
+/// ls` shows it as `uuid`); a restarted daemon ends the session that has it. The cephx name is
+/// part of it because the MDS lets only the same cephx user end a session: two users that pick
+/// the same instance id do not meet.
+pub fn session_uuid(cephx_name: &str, instance_id: &str) -> String {
+    format!("ceph-virtiofsd/{cephx_name}/{instance_id}")
 }
 
 /// libcephfs options whose value is a secret (the cephx key itself): never printed.
@@ -66,6 +84,7 @@ impl std::fmt::Debug for CephAccess {
             .field("fs_name", &self.fs_name)
             .field("options", &options)
             .field("mount_timeout", &self.mount_timeout)
+            .field("session_uuid", &self.session_uuid)
             .finish()
     }
 }
@@ -108,7 +127,20 @@ impl CephAccess {
         if let Some(h) = handler {
             b = b.register_callbacks(h);
         }
+        if let Some(uuid) = &self.session_uuid {
+            // Reset, the only reclaim the MDS implements: the old session ends, and nothing of
+            // it is taken over (the guest's state is rebuilt by the guest, or handed over).
+            b = b
+                .reclaim(uuid, ceph_client::CEPH_RECLAIM_RESET)?
+                .set_uuid(uuid)?;
+        }
         b.mount(root)
+    }
+
+    /// The cephx name the mounts authenticate as: "client." and the client id (libcephfs's
+    /// default, "admin", without one).
+    pub fn cephx_name(&self) -> String {
+        format!("client.{}", self.client_id.as_deref().unwrap_or("admin"))
     }
 
     /// Mount the whole filesystem (the quarantine state of ancestors of an export is needed).
