@@ -151,13 +151,27 @@ pub struct Hostile {
 impl Hostile {
     /// Connect to `daemon` (exporting `export`), FUSE_INIT done unless `extra` has --no-init.
     pub fn connect(lab: &Lab, daemon: &Daemon, export: &str, extra: &[&str]) -> Hostile {
-        let mut child = Command::new(super::bench_binary())
-            .args(["hostile", "serve", "--socket"])
+        let mut cmd = Command::new(super::bench_binary());
+        cmd.args(["hostile", "serve", "--socket"])
             .arg(&daemon.socket)
             .arg("--ceph-conf")
             .arg(&lab.conf)
             .args(["--client-id", &lab.client_id, "--export", export])
-            .args(extra)
+            .args(extra);
+        Self::spawn(cmd, daemon)
+    }
+
+    /// Connect to `daemon` without the oracle: the frontend then has no CephFS session of its
+    /// own (none left behind when it is killed), and [`Answer::outside`] is always empty.
+    pub fn connect_without_oracle(daemon: &Daemon) -> Hostile {
+        let mut cmd = Command::new(super::bench_binary());
+        cmd.args(["hostile", "serve", "--socket"])
+            .arg(&daemon.socket);
+        Self::spawn(cmd, daemon)
+    }
+
+    fn spawn(mut cmd: Command, daemon: &Daemon) -> Hostile {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
