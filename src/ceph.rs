@@ -57,6 +57,18 @@ pub fn session_uuid(cephx_name: &str, instance_id: &str) -> String {
     format!("ceph-virtiofsd/{cephx_name}/{instance_id}")
 }
 
+/// A duration option of the not yet mounted client, in whole seconds (at least 1; libcephfs's
+/// default `client_mount_timeout`, 300 s, if it cannot be read).
+fn conf_secs(b: &MountBuilder, key: &str) -> Duration {
+    let secs = b
+        .conf_get(key)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 1.0)
+        .unwrap_or(300.0);
+    Duration::from_secs_f64(secs.min(86_400.0))
+}
+
 /// libcephfs options whose value is a secret (the cephx key itself): never printed.
 pub fn is_secret_option(key: &str) -> bool {
     let k = key.trim().to_ascii_lowercase().replace('-', "_");
@@ -127,14 +139,36 @@ impl CephAccess {
         if let Some(h) = handler {
             b = b.register_callbacks(h);
         }
-        if let Some(uuid) = &self.session_uuid {
-            // Reset, the only reclaim the MDS implements: the old session ends, and nothing of
-            // it is taken over (the guest's state is rebuilt by the guest, or handed over).
-            b = b
-                .reclaim(uuid, ceph_client::CEPH_RECLAIM_RESET)?
-                .set_uuid(uuid)?;
-        }
-        b.mount(root)
+        let Some(uuid) = &self.session_uuid else {
+            return b.mount(root);
+        };
+        // Reset, the only reclaim the MDS implements: the old session ends, and nothing of it
+        // is taken over (the guest's state is rebuilt by the guest, or handed over).
+        b = b
+            .reclaim(uuid, ceph_client::CEPH_RECLAIM_RESET)?
+            .set_uuid(uuid)?;
+        // `ceph_start_reclaim` waits for an active MDS without any timeout of its own (with the
+        // file system down, a start hung past --mount-timeout until it came back), while
+        // `ceph_mount` gives up after `client_mount_timeout`. Bounded here: the reclaim gets
+        // that timeout and the mount its own after it. On expiry the call stays blocked in its
+        // thread (it cannot be cancelled) and releases the handle if it ever returns; the
+        // caller is expected to give up, as the daemon's start does.
+        let bound = conf_secs(&b, "client_mount_timeout").saturating_mul(2);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let root = root.to_owned();
+        std::thread::Builder::new()
+            .name("ceph-reclaim".to_owned())
+            .spawn(move || {
+                let _ = tx.send(b.mount(&root));
+            })
+            .map_err(|e| {
+                CephError::new(
+                    "ceph_start_reclaim",
+                    e.raw_os_error().unwrap_or(libc::EAGAIN),
+                )
+            })?;
+        rx.recv_timeout(bound)
+            .unwrap_or(Err(CephError::new("ceph_start_reclaim", libc::ETIMEDOUT)))
     }
 
     /// The cephx name the mounts authenticate as: "client." and the client id (libcephfs's

@@ -14,12 +14,12 @@
 mod common;
 
 use std::ffi::CString;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ceph_client::{File, Inode, Mount, UserPerm, CEPH_STATX_BASIC_STATS};
-use common::hostile::{op, Body, Hostile};
+use common::hostile::{op, Body, Hostile, PrivateCluster};
 use common::{Daemon, Lab};
 
 /// The bound: the second client has the lock this soon after the successor listens.
@@ -337,6 +337,57 @@ fn restart_with_another_instance_id_leaves_the_dead_daemons_lock_held() {
         evicting - listening
     );
     assert!(locked.is_some() && opened.is_some());
+}
+
+/// `ceph_start_reclaim` waits for an active MDS without a timeout of its own: with the file
+/// system down, a start with `--instance-id` must fail (exit 3, the message naming the step)
+/// rather than wait for the MDS, as a start without does after `--mount-timeout`. On a cluster
+/// of its own (the file system is failed).
+#[test]
+fn restart_with_no_active_mds_fails_the_start_instead_of_waiting() {
+    let lab = Lab::get();
+    let name = format!("restart-nomds-{}", std::process::id());
+    let cluster = PrivateCluster::start(&lab, &name);
+    let st = Command::new("ceph")
+        .arg("-c")
+        .arg(&cluster.lab.conf)
+        .args(["fs", "fail", "cephfs"])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "ceph fs fail");
+    let work = lab.scratch(&format!("{name}-daemon"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
+        .arg("--socket-path")
+        .arg(work.join("vhost-fs.sock"))
+        .arg("--ceph-conf")
+        .arg(&cluster.lab.conf)
+        .args(["--client-id", "admin", "--instance-id", "vm1"])
+        .args(["--mount-timeout", "2", "--seccomp", "none"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(work.join("daemon.log")).unwrap())
+        .spawn()
+        .unwrap();
+    // Generous: the start gives up after twice the mount timeout; only a hang gets here.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = std::fs::read_to_string(work.join("daemon.log")).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("the start still waited after 60 s\n{log}"));
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("Cannot end the CephFS session") && log.contains("ceph_start_reclaim"),
+        "{log}"
+    );
 }
 
 /// Without `--instance-id` (the default) nothing ends the dead daemon's session: the lock and
