@@ -142,7 +142,8 @@ impl Body {
 /// A running `ceph-virtiofsd-bench hostile serve` connected to a daemon.
 pub struct Hostile {
     child: Child,
-    stdin: ChildStdin,
+    /// `None` once closed (in Drop).
+    stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     unique: u64,
     pub mem_size: u64,
@@ -181,7 +182,7 @@ impl Hostile {
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut h = Hostile {
             child,
-            stdin,
+            stdin: Some(stdin),
             stdout,
             unique: 1000,
             mem_size: 0,
@@ -207,8 +208,9 @@ impl Hostile {
 
     /// One command, one answer line.
     pub fn cmd(&mut self, c: &str) -> String {
-        writeln!(self.stdin, "{c}").expect("write to hostile serve");
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().expect("hostile serve's stdin is open");
+        writeln!(stdin, "{c}").expect("write to hostile serve");
+        stdin.flush().unwrap();
         let a = self.line();
         assert!(!a.is_empty(), "hostile serve ended (command {c})");
         assert!(!a.starts_with("error "), "hostile serve: {a} (command {c})");
@@ -361,7 +363,18 @@ impl Hostile {
 }
 
 impl Drop for Hostile {
+    /// Closes its stdin, so that `hostile serve` ends and unmounts its oracle's CephFS session;
+    /// SIGKILL only if it has not ended 10 s later. Killed outright, it left that session for
+    /// the MDS to time out, and an MDS restart meanwhile waited about 50 s in reconnect for it.
     fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
