@@ -1,5 +1,5 @@
-//! MDS failover churn under a real guest: a private cluster with a standby MDS fails its active
-//! MDS over and over while the guest appends fixed-size records, each fsync'd (a size change:
+//! MDS failover churn under a real guest: a private cluster with a standby MDS (plain, and
+//! standby-replay) fails its active MDS over and over while the guest appends fixed-size records, each fsync'd (a size change:
 //! the daemon's libcephfs must flush its caps to the MDS, so every record needs the MDS). The
 //! guest must never hang (after each failover the next record is acknowledged within
 //! [`ANSWER_BOUND`] of the failover command returning, which is after the new MDS is active),
@@ -63,14 +63,29 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[test]
 fn mds_failover_churn_loses_no_acknowledged_write_and_never_hangs_the_guest() {
+    churn("standby", "--standby-mds");
+}
+
+/// The same with the standby following the active MDS's journal (standby-replay), which takes
+/// over without reading the journal first.
+#[test]
+fn mds_failover_churn_with_standby_replay_loses_no_acknowledged_write() {
+    churn("standby-replay", "--standby-replay");
+}
+
+fn churn(kind: &str, cluster_opt: &str) {
     let failovers: usize = std::env::var("FAULT_CHURN_FAILOVERS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
     let shared = Lab::get();
-    let private = PrivateCluster::start_with(&shared, "fault-churn-cluster", &["--standby-mds"]);
+    let private = PrivateCluster::start_with(
+        &shared,
+        &format!("fault-churn-{kind}-cluster"),
+        &[cluster_opt],
+    );
     let lab = &private.lab;
-    let name = format!("fault-churn-{}", std::process::id());
+    let name = format!("fault-churn-{kind}-{}", std::process::id());
     let export = lab.export_dir(&name);
     let work = lab.scratch(&name);
     let daemon = Daemon::start(lab, &work, &export, &[]);
@@ -167,7 +182,7 @@ fn mds_failover_churn_loses_no_acknowledged_write_and_never_hangs_the_guest() {
             .max()
             .unwrap_or_default();
         eprintln!(
-            "failover {k}: took {:?}; longest wait of the writer {stall:?}; first record after \
+            "{kind} failover {k}: took {:?}; longest wait of the writer {stall:?}; first record after \
              the new MDS was active: +{:?}",
             active - t0,
             resumed - active
@@ -232,7 +247,7 @@ fn mds_failover_churn_loses_no_acknowledged_write_and_never_hangs_the_guest() {
     stalls.sort();
     answers.sort();
     eprintln!(
-        "{failovers} failovers, {} records acknowledged; longest writer wait per failover: p50 \
+        "{kind}: {failovers} failovers, {} records acknowledged; longest writer wait per failover: p50 \
          {:?} p99 {:?} max {:?}; first answer after the new MDS was active: p50 {:?} p99 {:?}",
         acked.len(),
         percentile(&stalls, 0.5),
