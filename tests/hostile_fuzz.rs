@@ -1,7 +1,8 @@
 //! The hostile-guest fuzzer against the real daemon on the real cluster: generated FUSE requests
 //! (valid layouts with hostile values), bent descriptor chains and raw garbage, judged by
 //! `ceph-virtiofsd-bench hostile fuzz`: no death, no lost chain, no malformed reply, no inode
-//! outside the export (the oracle), node and handle tables and RSS bounded.
+//! outside the export (the oracle, judging on a thread of its own: every inode number it was
+//! given judged), node and handle tables and RSS bounded.
 //!
 //! HOSTILE_FUZZ_REQUESTS sets the count (default 100,000), HOSTILE_FUZZ_SEED the seed (default:
 //! a new one each run, printed; set it to replay a run), HOSTILE_FUZZ_ARGS more options for the
@@ -69,6 +70,12 @@ fn hostile_fuzz_keeps_the_daemon_alive_inside_its_export_and_bounded() {
             .unwrap_or_else(|| panic!("no {k} in {summary}"))
     };
     assert_eq!(field("requests"), requests, "{summary}");
+    assert_eq!(field("escapes"), 0, "{summary}");
+    assert_eq!(
+        field("oracle_unjudged"),
+        0,
+        "inode numbers the oracle never judged: {summary}"
+    );
     assert!(
         out.status.success(),
         "the fuzzer found something (seed {seed}; each FINDING above has a replay):\n{summary}"
