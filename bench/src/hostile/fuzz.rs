@@ -170,13 +170,17 @@ impl std::fmt::Debug for Fuzzer<'_> {
 }
 
 const CORPUS_CAP: usize = 1024;
+/// The least time the oracle may take for one judgement before it counts as stuck.
+const ORACLE_STUCK: Duration = Duration::from_secs(60);
 
 impl<'a> Fuzzer<'a> {
     /// A fuzzer over session `s`; `oracle` moves to a judging thread of its own.
     pub fn new(s: &'a mut Session, oracle: Oracle, o: FuzzOpts) -> std::io::Result<Self> {
         let slots = s.dev.slots(REQUEST_QUEUE);
         let hi = s.dev.slots(HIPRIO_QUEUE);
-        let judging = Judging::start(oracle, o.oracle_queue)?;
+        // An oracle request the MDS holds this long is a stuck oracle, not a slow one (the MDS
+        // answers held requests at its next tick, every few seconds).
+        let judging = Judging::start(oracle, o.oracle_queue, (o.timeout * 12).max(ORACLE_STUCK))?;
         Ok(Fuzzer {
             rng: Rng::new(o.seed),
             s,

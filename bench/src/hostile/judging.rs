@@ -135,7 +135,14 @@ pub struct Tally {
 pub struct Judging {
     tx: Option<SyncSender<Msg>>,
     escapes: Receiver<Escape>,
-    worker: Option<JoinHandle<Tally>>,
+    /// The thread's tally, sent when it has judged everything.
+    done: Receiver<Tally>,
+    worker: Option<JoinHandle<()>>,
+    /// How long the sender waits for room, and `finish` for the last judgements, before
+    /// calling the oracle stuck (one of its requests held by the MDS).
+    stuck_after: Duration,
+    /// The oracle was found stuck: nothing more is sent.
+    pub stuck: bool,
     /// Jobs submitted (each must be judged: compare [`Tally::judged`]).
     pub queued: u64,
     /// Sends that found the queue full, and the time the sender waited for room.
@@ -153,17 +160,28 @@ impl std::fmt::Debug for Judging {
 }
 
 impl Judging {
-    /// Start the judging thread with a queue of `capacity` jobs.
-    pub fn start<J: Judge>(judge: J, capacity: usize) -> std::io::Result<Judging> {
+    /// Start the judging thread with a queue of `capacity` jobs; a queue that stays full, or
+    /// judgements not done, `stuck_after` mean a stuck oracle.
+    pub fn start<J: Judge>(
+        judge: J,
+        capacity: usize,
+        stuck_after: Duration,
+    ) -> std::io::Result<Judging> {
         let (tx, rx) = mpsc::sync_channel(capacity.max(1));
         let (etx, erx) = mpsc::channel();
+        let (dtx, drx) = mpsc::channel();
         let worker = std::thread::Builder::new()
             .name("hostile-oracle".into())
-            .spawn(move || work(judge, rx, etx))?;
+            .spawn(move || {
+                let _ = dtx.send(work(judge, rx, etx));
+            })?;
         Ok(Judging {
             tx: Some(tx),
             escapes: erx,
+            done: drx,
             worker: Some(worker),
+            stuck_after,
+            stuck: false,
             queued: 0,
             full: 0,
             wait: Duration::ZERO,
@@ -171,23 +189,35 @@ impl Judging {
         })
     }
 
+    /// False when the message could not be queued: the thread is gone, or the queue stayed
+    /// full for `stuck_after` (then `stuck` is set and nothing more is sent).
     fn send(&mut self, msg: Msg) -> bool {
-        let Some(tx) = &self.tx else {
+        let Some(tx) = self.tx.as_ref().filter(|_| !self.stuck) else {
             return false;
         };
-        match tx.try_send(msg) {
-            Ok(()) => true,
-            Err(TrySendError::Full(msg)) => {
-                let t = Instant::now();
-                let ok = tx.send(msg).is_ok();
-                let waited = t.elapsed();
-                self.full += 1;
-                self.wait += waited;
-                self.wait_max = self.wait_max.max(waited);
-                ok
+        let mut msg = match tx.try_send(msg) {
+            Ok(()) => return true,
+            Err(TrySendError::Full(msg)) => msg,
+            Err(TrySendError::Disconnected(_)) => return false,
+        };
+        let t = Instant::now();
+        let ok = loop {
+            std::thread::sleep(Duration::from_millis(1));
+            match tx.try_send(msg) {
+                Ok(()) => break true,
+                Err(TrySendError::Full(m)) if t.elapsed() < self.stuck_after => msg = m,
+                Err(TrySendError::Full(_)) => {
+                    self.stuck = true;
+                    break false;
+                }
+                Err(TrySendError::Disconnected(_)) => break false,
             }
-            Err(TrySendError::Disconnected(_)) => false,
-        }
+        };
+        let waited = t.elapsed();
+        self.full += 1;
+        self.wait += waited;
+        self.wait_max = self.wait_max.max(waited);
+        ok
     }
 
     /// Queue one inode number for judgement, waiting for room if the queue is full. False when
@@ -208,17 +238,32 @@ impl Judging {
     }
 
     /// Wait for every judgement (the inodes still waiting for a listing get one); the tally
-    /// and the escapes not yet taken. An error if the judging thread panicked.
+    /// and the escapes not yet taken. An error if the judging thread panicked, or if the
+    /// oracle was stuck (the queue stayed full, or the last judgements took longer than
+    /// `stuck_after`); a stuck thread is left behind (it ends with the process).
     pub fn finish(&mut self) -> Result<(Tally, Vec<Escape>), String> {
         self.tx = None;
-        let worker = self
-            .worker
-            .take()
-            .ok_or("the judging thread was not started")?;
-        let tally = worker
-            .join()
-            .map_err(|_| "the oracle's judging thread panicked".to_owned())?;
-        Ok((tally, self.escapes.try_iter().collect()))
+        let stuck = || {
+            format!(
+                "the oracle was stuck: a judgement (an MDS request of its client) did not end within {:?}",
+                self.stuck_after
+            )
+        };
+        if self.stuck {
+            return Err(stuck());
+        }
+        match self.done.recv_timeout(self.stuck_after) {
+            Ok(tally) => {
+                if let Some(w) = self.worker.take() {
+                    let _ = w.join();
+                }
+                Ok((tally, self.escapes.try_iter().collect()))
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(stuck()),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err("the oracle's judging thread panicked".to_owned())
+            }
+        }
     }
 }
 
@@ -343,7 +388,7 @@ mod tests {
             calls: calls.clone(),
             stale: false,
         };
-        let mut j = Judging::start(fake, 2).unwrap();
+        let mut j = Judging::start(fake, 2, Duration::from_secs(600)).unwrap();
         // 40 jobs through a queue of 2 with a slow judge: the sender must wait, nothing drops.
         // Inode 13 (outside) is named by two requests, 21 by three.
         let inos: Vec<u64> = (0..40)
@@ -399,5 +444,46 @@ mod tests {
         assert_eq!(h.max, Duration::from_millis(5004));
         assert_eq!(h.at_least_ms(1024), 1);
         assert_eq!(h.at_least_ms(2), 2);
+    }
+
+    /// A judge whose every call waits for a gate the test never opens: an MDS that holds the
+    /// oracle's request.
+    struct Stuck(Mutex<mpsc::Receiver<()>>);
+
+    impl Judge for Stuck {
+        fn check_dir(&mut self, _: u64) -> Option<Verdict> {
+            let _ = self.0.lock().unwrap().recv();
+            None
+        }
+        fn check(&mut self, _: u64) -> Verdict {
+            let _ = self.0.lock().unwrap().recv();
+            Verdict::Gone
+        }
+        fn stale(&mut self) {}
+        fn overturned(&self) -> u64 {
+            0
+        }
+    }
+
+    #[test]
+    fn hostile_oracle_stuck_judge_is_reported_not_waited_for_forever() {
+        let (_gate, rx) = mpsc::channel();
+        let mut j = Judging::start(Stuck(Mutex::new(rx)), 1, Duration::from_millis(50)).unwrap();
+        // The first job is taken by the thread (and stays there), one more fits the queue; at
+        // the latest the third finds the queue full for good.
+        let queued: Vec<bool> = (0..3)
+            .map(|i| {
+                j.submit(Job {
+                    ino: i,
+                    index: i,
+                    case: case(i),
+                })
+            })
+            .collect();
+        assert!(queued.contains(&false), "{queued:?}");
+        assert!(j.stuck);
+        assert_eq!(j.queued, 3);
+        let e = j.finish().unwrap_err();
+        assert!(e.contains("stuck"), "{e}");
     }
 }
