@@ -4,7 +4,7 @@
 //! - the daemon stays alive and answering (process not gone, a GETATTR of node 1 answered at
 //!   every checkpoint and at the end, no chain lost);
 //! - no escape: every inode number an entry or attr reply hands out is inside the export
-//!   (the [`Oracle`]);
+//!   (the [`Oracle`], judging on its own thread: see [`Judging`]);
 //! - replies are well-formed: a written length within what was offered, a reply header whose
 //!   length is the written length, an errno in 0..=4095, the request's unique echoed;
 //! - bounded: at each checkpoint the fuzzer forgets every node and releases every handle it
@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use super::device::{Buf, DescSpec, DESCS_PER_SLOT};
 use super::gen::{self, Case, Known, Rng};
-use super::oracle::{Oracle, Verdict};
+use super::judging::{Escape, Job, Judging, Tally};
+use super::oracle::Oracle;
 use super::session::{Session, HIPRIO_QUEUE, REQUEST_QUEUE};
 use super::wire::{self, Header};
 
@@ -44,6 +45,8 @@ pub struct FuzzOpts {
     pub print_per_kind: u64,
     /// Per mille of generated requests that change the tree.
     pub mutating_per_mille: u64,
+    /// Inode numbers queued for the oracle at most (the sender waits when it is full).
+    pub oracle_queue: usize,
 }
 
 #[derive(Debug, Default)]
@@ -62,9 +65,19 @@ pub struct Summary {
     pub max_rss_kib: u64,
     pub max_nodes: u64,
     pub max_handles: u64,
-    /// Longest oracle judgement (a getattr on the export through the second client). While it
-    /// runs the fuzzer does not listen, so it is not counted as the daemon's silence.
-    pub oracle_max: Duration,
+    /// Inode numbers handed to the oracle's thread, and what it did with them (every one
+    /// judged unless it died: see `oracle_unjudged`).
+    pub oracle_queued: u64,
+    pub oracle: Tally,
+    /// Jobs queued but never judged (the judging thread died): a failure.
+    pub oracle_unjudged: u64,
+    /// Sends that found the oracle's queue full, and how long the fuzzer waited for room.
+    /// While it waits it does not listen, so that is not counted as the daemon's silence.
+    pub oracle_queue_full: u64,
+    pub oracle_queue_wait: Duration,
+    pub oracle_queue_wait_max: Duration,
+    /// How long the end of the run waited for the judgements still queued (not in `elapsed`).
+    pub oracle_tail: Duration,
     pub elapsed: Duration,
     pub findings: HashMap<&'static str, u64>,
     pub kinds: HashMap<&'static str, u64>,
@@ -78,6 +91,7 @@ impl Summary {
             || self.lost > 0
             || self.malformed_replies > 0
             || self.bound_violations > 0
+            || self.oracle_unjudged > 0
     }
 }
 
@@ -128,7 +142,7 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
 
 pub struct Fuzzer<'a> {
     s: &'a mut Session,
-    oracle: &'a mut Oracle,
+    judging: Judging,
     o: FuzzOpts,
     rng: Rng,
     known: Known,
@@ -138,8 +152,7 @@ pub struct Fuzzer<'a> {
     /// Lookup counts of the node ids we were handed (forgotten at checkpoints).
     held: HashMap<u64, u64>,
     seen_nodes: HashSet<u64>,
-    /// Inode numbers the oracle has not judged yet (non-directories wait for a listing).
-    pending: HashMap<u64, (u64, String)>,
+    /// Inode numbers already queued for the oracle (cleared when large).
     judged: HashSet<u64>,
     pairs: HashSet<(u32, i32)>,
     corpus: Vec<Case>,
@@ -157,21 +170,26 @@ impl std::fmt::Debug for Fuzzer<'_> {
 }
 
 const CORPUS_CAP: usize = 1024;
+/// The least time the oracle may take for one judgement before it counts as stuck.
+const ORACLE_STUCK: Duration = Duration::from_secs(60);
 
 impl<'a> Fuzzer<'a> {
-    pub fn new(s: &'a mut Session, oracle: &'a mut Oracle, o: FuzzOpts) -> Self {
+    /// A fuzzer over session `s`; `oracle` moves to a judging thread of its own.
+    pub fn new(s: &'a mut Session, oracle: Oracle, o: FuzzOpts) -> std::io::Result<Self> {
         let slots = s.dev.slots(REQUEST_QUEUE);
         let hi = s.dev.slots(HIPRIO_QUEUE);
-        Fuzzer {
+        // An oracle request the MDS holds this long is a stuck oracle, not a slow one (the MDS
+        // answers held requests at its next tick, every few seconds).
+        let judging = Judging::start(oracle, o.oracle_queue, (o.timeout * 12).max(ORACLE_STUCK))?;
+        Ok(Fuzzer {
             rng: Rng::new(o.seed),
             s,
-            oracle,
+            judging,
             o,
             known: Known::new(),
             owned: Vec::new(),
             held: HashMap::new(),
             seen_nodes: HashSet::new(),
-            pending: HashMap::new(),
             judged: HashSet::new(),
             pairs: HashSet::new(),
             corpus: Vec::new(),
@@ -179,7 +197,7 @@ impl<'a> Fuzzer<'a> {
             hi_inflight: vec![None; hi],
             retired: HashSet::new(),
             sum: Summary::default(),
-        }
+        })
     }
 
     fn finding(&mut self, kind: &'static str, index: u64, detail: &str, case: Option<&Case>) {
@@ -213,8 +231,8 @@ impl<'a> Fuzzer<'a> {
         let depth = self.o.depth.clamp(1, self.inflight.len());
         let mut done = Vec::new();
         // How long the fuzzer has listened without a chain coming back. Only time spent waiting
-        // on the used ring counts: while an oracle judgement waits on the MDS (another client's
-        // caps being recalled can take seconds), the daemon's answers pile up unseen, and
+        // on the used ring counts: while the fuzzer waits for room in the oracle's queue (a
+        // judgement can wait seconds on the MDS), the daemon's answers pile up unseen, and
         // counting that time once declared answered chains lost.
         let mut silence = Duration::ZERO;
         while issued < self.o.requests || self.inflight.iter().any(Option::is_some) {
@@ -267,6 +285,9 @@ impl<'a> Fuzzer<'a> {
             }
             for &(id, written) in &done.clone() {
                 self.complete(id, written);
+            }
+            for e in self.judging.escapes() {
+                self.escape(e);
             }
             let busy = self.inflight.iter().filter(|x| x.is_some()).count();
             if busy > 0 && silence > self.o.timeout {
@@ -324,9 +345,46 @@ impl<'a> Fuzzer<'a> {
             self.checkpoint(issued);
         }
         self.sum.elapsed = start.elapsed();
-        self.sum.oracle_overturned = self.oracle.overturned;
+        self.finish_judging();
         self.sum.pairs = self.pairs.len();
         self.sum
+    }
+
+    /// Wait for the oracle's last judgements (the run's rate is measured without this wait).
+    fn finish_judging(&mut self) {
+        self.sum.oracle_queued = self.judging.queued;
+        self.sum.oracle_queue_full = self.judging.full;
+        self.sum.oracle_queue_wait = self.judging.wait;
+        self.sum.oracle_queue_wait_max = self.judging.wait_max;
+        let t = Instant::now();
+        let finished = self.judging.finish();
+        self.sum.oracle_tail = t.elapsed();
+        match finished {
+            Ok((tally, escapes)) => {
+                for e in escapes {
+                    self.escape(e);
+                }
+                self.sum.oracle_unjudged = self.sum.oracle_queued.saturating_sub(tally.judged);
+                self.sum.oracle_overturned = tally.overturned;
+                self.sum.oracle = tally;
+            }
+            Err(e) => {
+                self.sum.oracle_unjudged = self.sum.oracle_queued;
+                self.finding("oracle", self.sum.sent, &e, None);
+            }
+        }
+        if self.sum.oracle_unjudged > 0 {
+            let d = format!(
+                "{} of {} inode numbers queued for the oracle were never judged",
+                self.sum.oracle_unjudged, self.sum.oracle_queued
+            );
+            self.finding("oracle-unjudged", self.sum.sent, &d, None);
+        }
+    }
+
+    fn escape(&mut self, e: Escape) {
+        self.sum.escapes += 1;
+        self.finding("escape", e.index, &e.why, Some(&e.case));
     }
 
     fn retire_slot(&mut self, i: usize) {
@@ -509,27 +567,12 @@ impl<'a> Fuzzer<'a> {
         }
     }
 
-    /// Directories are judged at once (a walk up by ".."); other inodes wait for the next
-    /// checkpoint's listing of the export.
+    /// Queue `ino` for the oracle's thread: directories are judged at once (a walk up by
+    /// ".."), other inodes at the next checkpoint's listing of the export.
     fn judge(&mut self, ino: u64, index: u64, case: Case) {
-        let t = Instant::now();
-        let verdict = self.oracle.check_dir(ino);
-        self.sum.oracle_max = self.sum.oracle_max.max(t.elapsed());
-        match verdict {
-            Some(Verdict::Inside) | Some(Verdict::Gone) => {
-                self.judged.insert(ino);
-            }
-            Some(Verdict::Outside(why)) => {
-                self.judged.insert(ino);
-                self.sum.escapes += 1;
-                self.finding("escape", index, &why, Some(&case));
-            }
-            None => {
-                self.pending
-                    .entry(ino)
-                    .or_insert_with(|| (index, gen::tokens(&case.descs)));
-            }
-        }
+        self.judged.insert(ino);
+        // False when the judging thread is gone: `finish_judging` reports it.
+        let _ = self.judging.submit(Job { ino, index, case });
     }
 
     /// Forget and release everything we hold, judge pending inodes, check liveness and bounds.
@@ -566,21 +609,9 @@ impl<'a> Fuzzer<'a> {
         self.known.nodes.truncate(1);
         self.seen_nodes.clear();
         self.reap_hiprio();
-        // Judge the inodes waiting for a listing.
-        self.oracle.stale();
-        let pending: Vec<(u64, (u64, String))> = self.pending.drain().collect();
-        for (ino, (index, toks)) in pending {
-            self.judged.insert(ino);
-            if let Verdict::Outside(why) = self.oracle.check(ino) {
-                self.sum.escapes += 1;
-                self.finding(
-                    "escape",
-                    index,
-                    &format!("{why} (replay: chain 1 {toks})"),
-                    None,
-                );
-            }
-        }
+        // Have the inodes waiting for a listing judged (on the oracle's thread; false when
+        // that thread is gone, which `finish_judging` reports).
+        let _ = self.judging.listing();
         if self.judged.len() > 100_000 {
             self.judged.clear();
         }

@@ -10,6 +10,7 @@
 mod device;
 mod fuzz;
 mod gen;
+mod judging;
 mod oracle;
 mod serve;
 mod session;
@@ -105,6 +106,10 @@ struct FuzzArgs {
     /// wait for the MDS's journal and set the pace of a run.
     #[arg(long, default_value_t = gen::MUTATING_PER_MILLE)]
     mutating_per_mille: u64,
+    /// Inode numbers waiting for the oracle's thread at most; when the queue is full the
+    /// fuzzer waits (reported as oracle_queue_wait_ms).
+    #[arg(long, default_value_t = 1024)]
+    oracle_queue: usize,
 }
 
 fn connect(c: &Common, init: bool) -> Result<session::Session, String> {
@@ -150,8 +155,7 @@ pub fn main(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
             Ok(true)
         })(),
         Cmd::Fuzz(a) => (|| {
-            let mut o =
-                oracle(&a.c)?.ok_or("fuzz needs the oracle: give --ceph-conf and --export")?;
+            let o = oracle(&a.c)?.ok_or("fuzz needs the oracle: give --ceph-conf and --export")?;
             let mut s = connect(&a.c, true)?;
             let opts = fuzz::FuzzOpts {
                 requests: a.requests,
@@ -166,8 +170,11 @@ pub fn main(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
                 timeout: Duration::from_millis(a.c.timeout_ms),
                 print_per_kind: a.print_per_kind,
                 mutating_per_mille: a.mutating_per_mille.min(1000),
+                oracle_queue: a.oracle_queue.max(1),
             };
-            let sum = fuzz::Fuzzer::new(&mut s, &mut o, opts).run();
+            let sum = fuzz::Fuzzer::new(&mut s, o, opts)
+                .map_err(|e| format!("starting the oracle's judging thread: {e}"))?
+                .run();
             print_summary(&sum, a.seed);
             Ok(!sum.failed())
         })(),
@@ -210,10 +217,27 @@ fn print_summary(s: &fuzz::Summary, seed: u64) {
             s.oracle_overturned
         );
     }
+    let o = &s.oracle;
+    println!(
+        "# hostile fuzz: oracle judged {} of {} inode numbers ({} inside, {} gone, {} outside); judgement p50 <= {} ms, p99 <= {} ms, max {} ms, {} of at least 1 s; queue full {} times, waited {} ms in all, {} ms at most; the last judgements took {} ms after the run",
+        o.judged,
+        s.oracle_queued,
+        o.inside,
+        o.gone,
+        o.outside,
+        o.times.quantile(0.5).as_millis(),
+        o.times.quantile(0.99).as_millis(),
+        o.times.max.as_millis(),
+        o.times.at_least_ms(1024),
+        s.oracle_queue_full,
+        s.oracle_queue_wait.as_millis(),
+        s.oracle_queue_wait_max.as_millis(),
+        s.oracle_tail.as_millis(),
+    );
     let mut f: Vec<_> = s.findings.iter().collect();
     f.sort();
     println!(
-        "hostile fuzz: seed={seed} requests={} answered={} secs={:.1} rate={:.0}/s pairs={} escapes={} lost={} malformed_replies={} bound_violations={} dead={} unanswered_proper={} max_rss_mib={} max_nodes={} max_handles={} oracle_max_ms={} findings={}",
+        "hostile fuzz: seed={seed} requests={} answered={} secs={:.1} rate={:.0}/s pairs={} escapes={} lost={} malformed_replies={} bound_violations={} dead={} unanswered_proper={} max_rss_mib={} max_nodes={} max_handles={} oracle_judged={} oracle_unjudged={} oracle_p99_ms={} oracle_max_ms={} oracle_queue_wait_ms={} findings={}",
         s.sent,
         s.answered,
         s.elapsed.as_secs_f64(),
@@ -228,7 +252,11 @@ fn print_summary(s: &fuzz::Summary, seed: u64) {
         s.max_rss_kib / 1024,
         s.max_nodes,
         s.max_handles,
-        s.oracle_max.as_millis(),
+        o.judged,
+        s.oracle_unjudged,
+        o.times.quantile(0.99).as_millis(),
+        o.times.max.as_millis(),
+        s.oracle_queue_wait.as_millis(),
         f.iter()
             .map(|(k, n)| format!("{k}:{n}"))
             .collect::<Vec<_>>()
