@@ -30,6 +30,7 @@ pub mod nodes;
 mod open;
 pub mod perms;
 pub mod policy;
+pub mod shards;
 pub mod side;
 mod stats;
 mod xattr;
@@ -203,16 +204,6 @@ fn to_len(size: u32) -> io::Result<usize> {
 /// target Rust supports, so the saturation is never reached.
 fn len64(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
-}
-
-/// The shard `key` falls in: the remainder by the shard count, so sequential keys (inode
-/// numbers, handles) spread over all of them. `shards` is never empty.
-#[allow(clippy::indexing_slicing)] // the remainder by the length is always a valid index
-fn shard<T>(shards: &[T], key: u64) -> &T {
-    let count = u64::try_from(shards.len()).unwrap_or(u64::MAX);
-    // Below the length, which is a usize: the conversion cannot fail.
-    let i = usize::try_from(key % count).unwrap_or(0);
-    &shards[i]
 }
 
 fn vino_of(st: &Statx) -> Vino {
