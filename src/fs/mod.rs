@@ -81,6 +81,10 @@ pub use policy::{CacheMode, SnapshotPolicy};
 /// The longest symlink target (PATH_MAX).
 const PATH_MAX: usize = 4096;
 
+/// How long [`CephFs::shutdown`] waits for libcephfs calls still in flight before it gives up
+/// the unmount (the MDS then times the session out).
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(10);
+
 /// The attributes every reply carries.
 const WANT: u32 = CEPH_STATX_BASIC_STATS;
 
@@ -280,11 +284,13 @@ impl CephFs {
 
     /// End of service: close every handle, drop every node, and unmount, so the MDS session
     /// ends cleanly (dirty data flushed, caps returned) even while idle worker threads still
-    /// hold the filesystem. No request may run concurrently or afterwards.
+    /// hold the filesystem. Meant for after the requests were drained: a libcephfs call still
+    /// in flight is waited for (at most [`SHUTDOWN_WAIT`]; EBUSY and no unmount after that),
+    /// and requests afterwards fail with ENOTCONN ([`Mount::shutdown`]).
     pub fn shutdown(&self) -> io::Result<()> {
         self.handles.clear();
         self.nodes.clear();
-        Ok(self.mount.shutdown()?)
+        Ok(self.mount.shutdown(SHUTDOWN_WAIT)?)
     }
 
     /// See [`names::check_changed`].
