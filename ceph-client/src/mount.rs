@@ -483,7 +483,7 @@ impl Mount {
     /// closed cleanly — dirty data flushed, caps returned — instead of left to time out.
     ///
     /// From the start of the shutdown every call on this mount fails with ENOTCONN (the calls
-    /// taking an [`Inode`], and those of [`File`](crate::File) and [`Dir`](crate::Dir), too)
+    /// taking an [`Inode`](crate::Inode), and those of [`File`](crate::File) and [`Dir`](crate::Dir), too)
     /// and the owners still alive release nothing in their Drop. The calls already in flight
     /// in other threads are waited for, at most `wait`: then `ceph_unmount` flushes, closes the
     /// open file handles and directory streams and frees every inode, with no pointer of this

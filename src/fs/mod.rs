@@ -285,7 +285,7 @@ impl CephFs {
     /// End of service: close every handle, drop every node, and unmount, so the MDS session
     /// ends cleanly (dirty data flushed, caps returned) even while idle worker threads still
     /// hold the filesystem. Meant for after the requests were drained: a libcephfs call still
-    /// in flight is waited for (at most [`SHUTDOWN_WAIT`]; EBUSY and no unmount after that),
+    /// in flight is waited for (at most `SHUTDOWN_WAIT`; EBUSY and no unmount after that),
     /// and requests afterwards fail with ENOTCONN ([`Mount::shutdown`]).
     pub fn shutdown(&self) -> io::Result<()> {
         self.handles.clear();
