@@ -65,10 +65,8 @@ impl Dir {
         flags: u32,
         with_inode: bool,
     ) -> Result<Option<DirEntryPlus>> {
-        if self.mount.is_shut_down() {
-            // ceph_unmount released the stream.
-            return Err(CephError::new("ceph_readdirplus_r", libc::ENOTCONN));
-        }
+        // ENOTCONN after a shutdown began: ceph_unmount releases the stream.
+        let _call = self.mount.enter("ceph_readdirplus_r")?;
         // SAFETY: dirent is plain old data; all-zero is a valid value.
         let mut de: libc::dirent = unsafe { std::mem::zeroed() };
         let mut stx = Statx::default();
@@ -78,7 +76,7 @@ impl Dir {
         } else {
             std::ptr::null_mut()
         };
-        // SAFETY: the mount is live and not shut down (checked above), so the stream is
+        // SAFETY: the mount is live and not shut down while `_call` lives, so the stream is
         // open; `de`, `stx` and `outp` (null or pointing to
         // `out`) are valid out buffers for the call; `&mut self` excludes concurrent use.
         let ret = unsafe {
@@ -119,10 +117,11 @@ impl Dir {
 
     /// `ceph_telldir`: the current stream position (0 after [`Mount::shutdown`]).
     pub fn telldir(&self) -> i64 {
-        if self.mount.is_shut_down() {
+        let Ok(_call) = self.mount.enter("ceph_telldir") else {
             return 0;
-        }
-        // SAFETY: the mount is live and not shut down, so the stream is open.
+        };
+        // SAFETY: the mount is live and not shut down while `_call` lives, so the stream is
+        // open.
         unsafe { sys::ceph_telldir(self.mount.raw(), self.dirp.as_ptr()) }
     }
 
@@ -130,31 +129,32 @@ impl Dir {
     /// entry's `offset`). 0 is the start. Does nothing after [`Mount::shutdown`] (the next
     /// read fails with ENOTCONN).
     pub fn seekdir(&mut self, offset: i64) {
-        if self.mount.is_shut_down() {
+        let Ok(_call) = self.mount.enter("ceph_seekdir") else {
             return;
-        }
-        // SAFETY: the mount is live and not shut down, so the stream is open; exclusive
-        // access via `&mut self`.
+        };
+        // SAFETY: the mount is live and not shut down while `_call` lives, so the stream is
+        // open; exclusive access via `&mut self`.
         unsafe { sys::ceph_seekdir(self.mount.raw(), self.dirp.as_ptr(), offset) }
     }
 
     /// `ceph_rewinddir`: back to the start (nothing after [`Mount::shutdown`], as `seekdir`).
     pub fn rewinddir(&mut self) {
-        if self.mount.is_shut_down() {
+        let Ok(_call) = self.mount.enter("ceph_rewinddir") else {
             return;
-        }
-        // SAFETY: the mount is live and not shut down, so the stream is open; exclusive
-        // access via `&mut self`.
+        };
+        // SAFETY: the mount is live and not shut down while `_call` lives, so the stream is
+        // open; exclusive access via `&mut self`.
         unsafe { sys::ceph_rewinddir(self.mount.raw(), self.dirp.as_ptr()) }
     }
 }
 
 impl Drop for Dir {
     fn drop(&mut self) {
-        if !self.mount.is_shut_down() {
+        // After a shutdown began there is nothing to release: the unmount frees the stream.
+        if let Ok(_call) = self.mount.enter("ceph_ll_releasedir") {
             // SAFETY: we own the stream and release it only here; the mount is live because
-            // `self.mount` drops after this, and not shut down (ceph_unmount would have freed
-            // the stream already).
+            // `self.mount` drops after this, and no shutdown frees the stream while `_call`
+            // lives.
             unsafe { sys::ceph_ll_releasedir(self.mount.raw(), self.dirp.as_ptr()) };
         }
     }

@@ -4,7 +4,7 @@ use std::io::{IoSlice, IoSliceMut};
 use std::ptr::NonNull;
 
 use crate::error::{check, CephError, Result};
-use crate::mount::Mount;
+use crate::mount::{Call, Mount};
 use crate::sys;
 
 /// Largest single transfer passed to libcephfs (its read/write calls return `int`).
@@ -47,14 +47,13 @@ impl File {
         })
     }
 
-    /// The `Fh*` to pass to a call, ENOTCONN once the mount was shut down (`ceph_unmount`
-    /// closed and freed it). One atomic load.
-    fn live(&self, op: &'static str) -> Result<*mut sys::Fh> {
-        if self.mount.is_shut_down() {
-            return Err(CephError::new(op, libc::ENOTCONN));
-        }
+    /// The `Fh*` to pass to a call, with the [`Call`] that keeps it open: ENOTCONN once a
+    /// shutdown of the mount began (`ceph_unmount` closes and frees it), and no shutdown frees
+    /// it while the `Call` lives. One atomic add.
+    fn live(&self, op: &'static str) -> Result<(Call<'_>, *mut sys::Fh)> {
+        let call = self.mount.enter(op)?;
         // `fh` is only None inside close()/drop(), after which self is gone.
-        Ok(self.as_ptr())
+        Ok((call, self.as_ptr()))
     }
 
     /// The raw `Fh*` (for identity comparisons).
@@ -65,22 +64,26 @@ impl File {
     /// `ceph_ll_close`, reporting its error (the handle is gone either way). After
     /// [`Mount::shutdown`] there is nothing left to close: Ok.
     pub fn close(mut self) -> Result<()> {
-        match self.fh.take() {
-            Some(_) if self.mount.is_shut_down() => Ok(()),
-            // SAFETY: we own the Fh and close it exactly once (the field is now None, so Drop
-            // will not close it again); the mount is live and not shut down (checked above).
-            Some(fh) => check("ceph_ll_close", unsafe {
-                sys::ceph_ll_close(self.mount.raw(), fh.as_ptr())
-            })
-            .map(drop),
-            None => Ok(()),
-        }
+        let Some(fh) = self.fh.take() else {
+            return Ok(());
+        };
+        let Ok(_call) = self.mount.enter("ceph_ll_close") else {
+            // A shutdown began: the unmount closes the handle.
+            return Ok(());
+        };
+        // SAFETY: we own the Fh and close it exactly once (the field is now None, so Drop
+        // will not close it again); the mount is live, and no shutdown frees the Fh while
+        // `_call` lives.
+        check("ceph_ll_close", unsafe {
+            sys::ceph_ll_close(self.mount.raw(), fh.as_ptr())
+        })
+        .map(drop)
     }
 
     /// `ceph_ll_read` at `off` into `buf` (at most `i32::MAX` bytes); returns the bytes read
     /// (0 at or past end of file).
     pub fn read(&self, off: u64, buf: &mut [u8]) -> Result<usize> {
-        let fh = self.live("ceph_ll_read")?;
+        let (_call, fh) = self.live("ceph_ll_read")?;
         let off = to_i64("ceph_ll_read", off)?;
         let len = buf.len().min(MAX_IO);
         let len64 = u64::try_from(len).map_err(|_| CephError::new("ceph_ll_read", libc::EINVAL))?;
@@ -94,7 +97,7 @@ impl File {
 
     /// `ceph_ll_write` of `buf` (at most `i32::MAX` bytes) at `off`; returns the bytes written.
     pub fn write(&self, off: u64, buf: &[u8]) -> Result<usize> {
-        let fh = self.live("ceph_ll_write")?;
+        let (_call, fh) = self.live("ceph_ll_write")?;
         let off = to_i64("ceph_ll_write", off)?;
         let len = buf.len().min(MAX_IO);
         let len64 =
@@ -116,14 +119,14 @@ impl File {
     /// that only makes the data racy for the guest, not unsound for us, as long as the
     /// mapping stays in place for the call).
     pub unsafe fn readv_raw(&self, iov: *const libc::iovec, cnt: usize, off: i64) -> Result<usize> {
-        let fh = self.live("ceph_ll_readv")?;
+        let (_call, fh) = self.live("ceph_ll_readv")?;
         let cnt = libc::c_int::try_from(cnt)
             .map_err(|_| CephError::new("ceph_ll_readv", libc::EINVAL))?;
         if off < 0 {
             return Err(CephError::new("ceph_ll_readv", libc::EINVAL));
         }
         // SAFETY: the caller guarantees the iovec array and the memory it describes; the Fh
-        // and mount are live.
+        // and mount are live (`live`).
         let ret = unsafe { sys::ceph_ll_readv(self.mount.raw(), fh, iov, cnt, off) };
         let n = check("ceph_ll_readv", ret)?;
         Ok(usize::try_from(n).unwrap_or(0))
@@ -140,14 +143,14 @@ impl File {
         cnt: usize,
         off: i64,
     ) -> Result<usize> {
-        let fh = self.live("ceph_ll_writev")?;
+        let (_call, fh) = self.live("ceph_ll_writev")?;
         let cnt = libc::c_int::try_from(cnt)
             .map_err(|_| CephError::new("ceph_ll_writev", libc::EINVAL))?;
         if off < 0 {
             return Err(CephError::new("ceph_ll_writev", libc::EINVAL));
         }
         // SAFETY: the caller guarantees the iovec array and the memory it describes; the Fh
-        // and mount are live.
+        // and mount are live (`live`).
         let ret = unsafe { sys::ceph_ll_writev(self.mount.raw(), fh, iov, cnt, off) };
         let n = check("ceph_ll_writev", ret)?;
         Ok(usize::try_from(n).unwrap_or(0))
@@ -171,7 +174,7 @@ impl File {
 
     /// `ceph_ll_fsync` (`datasync`: data only, like fdatasync).
     pub fn fsync(&self, datasync: bool) -> Result<()> {
-        let fh = self.live("ceph_ll_fsync")?;
+        let (_call, fh) = self.live("ceph_ll_fsync")?;
         // SAFETY: the mount is live and `fh` open on it (`live`).
         let ret = unsafe { sys::ceph_ll_fsync(self.mount.raw(), fh, i32::from(datasync)) };
         check("ceph_ll_fsync", ret).map(drop)
@@ -180,7 +183,7 @@ impl File {
     /// `ceph_ll_fallocate`. Pacific supports `FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE`
     /// (punching a hole) and plain allocation within the file size; other modes: EOPNOTSUPP.
     pub fn fallocate(&self, mode: i32, off: u64, len: u64) -> Result<()> {
-        let fh = self.live("ceph_ll_fallocate")?;
+        let (_call, fh) = self.live("ceph_ll_fallocate")?;
         let off = to_i64("ceph_ll_fallocate", off)?;
         let len = to_i64("ceph_ll_fallocate", len)?;
         // SAFETY: the mount is live and `fh` open on it (`live`).
@@ -193,7 +196,7 @@ impl File {
     /// SEEK_DATA (`off` if `off < size`, else ENXIO) and SEEK_HOLE (`size` if `off < size`,
     /// else ENXIO). The size is fetched from the MDS for END/DATA/HOLE.
     pub fn lseek(&self, off: i64, whence: i32) -> Result<u64> {
-        let fh = self.live("ceph_ll_lseek")?;
+        let (_call, fh) = self.live("ceph_ll_lseek")?;
         // SAFETY: the mount is live and `fh` open on it (`live`).
         let ret = unsafe { sys::ceph_ll_lseek(self.mount.raw(), fh, off, whence) };
         let pos = check("ceph_ll_lseek", ret)?;
@@ -203,7 +206,7 @@ impl File {
     /// `ceph_ll_getlk`: test for a conflicting POSIX lock; on return `fl` describes the
     /// conflicting lock, or has `l_type = F_UNLCK`.
     pub fn getlk(&self, fl: &mut libc::flock, owner: u64) -> Result<()> {
-        let fh = self.live("ceph_ll_getlk")?;
+        let (_call, fh) = self.live("ceph_ll_getlk")?;
         // SAFETY: `fl` is a valid, exclusive flock; the mount is live and `fh` open on it (`live`).
         let ret = unsafe { sys::ceph_ll_getlk(self.mount.raw(), fh, fl, owner) };
         check("ceph_ll_getlk", ret).map(drop)
@@ -212,7 +215,7 @@ impl File {
     /// `ceph_ll_setlk`: acquire/release a POSIX (fcntl) byte-range lock for `owner`.
     /// `sleep`: wait for a conflicting lock (F_SETLKW); otherwise EAGAIN on conflict.
     pub fn setlk(&self, fl: &libc::flock, owner: u64, sleep: bool) -> Result<()> {
-        let fh = self.live("ceph_ll_setlk")?;
+        let (_call, fh) = self.live("ceph_ll_setlk")?;
         let mut copy = *fl;
         // SAFETY: `copy` is a valid flock owned by this frame; the mount is live and `fh` open on
         // it (`live`).
@@ -251,10 +254,11 @@ impl File {
 impl Drop for File {
     fn drop(&mut self) {
         if let Some(fh) = self.fh.take() {
-            if !self.mount.is_shut_down() {
+            // After a shutdown began there is nothing to close: the unmount closes the Fh.
+            if let Ok(_call) = self.mount.enter("ceph_ll_close") {
                 // SAFETY: we own the Fh, closed only here or in close() (which took it out);
-                // the mount is live because `self.mount` drops after this, and not shut down
-                // (ceph_unmount would have closed the Fh already).
+                // the mount is live because `self.mount` drops after this, and no shutdown
+                // frees the Fh while `_call` lives.
                 unsafe { sys::ceph_ll_close(self.mount.raw(), fh.as_ptr()) };
             }
         }

@@ -3,7 +3,7 @@
 use std::ptr::NonNull;
 
 use crate::error::{check, CephError, Result};
-use crate::mount::{Mount, Vino};
+use crate::mount::{Call, Mount, Vino};
 use crate::statx::{Statx, AT_STATX_DONT_SYNC, CEPH_STATX_INO};
 use crate::sys;
 
@@ -44,15 +44,13 @@ impl Inode {
         self.ptr.as_ptr()
     }
 
-    /// The pointer to pass to a call on `mount`: EXDEV if this inode belongs to another mount
-    /// (libcephfs would take it for one of its own), ENOTCONN once its mount was shut down
-    /// (`ceph_unmount` freed it). A pointer compare and one atomic load.
-    pub(crate) fn raw_on(&self, mount: &Mount, op: &'static str) -> Result<*mut sys::Inode> {
-        if !self.mount.same_mount(mount) {
+    /// The pointer to pass to libcephfs in `call`: EXDEV if this inode belongs to another mount
+    /// (libcephfs would take it for one of its own). A call exists only while its mount is not
+    /// shut down ([`Mount::enter`]: ENOTCONN after), and no shutdown frees the inode while it
+    /// lives. A pointer compare.
+    pub(crate) fn raw_on(&self, call: &Call<'_>, op: &'static str) -> Result<*mut sys::Inode> {
+        if !self.mount.same_mount(call.mount()) {
             return Err(CephError::new(op, libc::EXDEV));
-        }
-        if mount.is_shut_down() {
-            return Err(CephError::new(op, libc::ENOTCONN));
         }
         Ok(self.ptr.as_ptr())
     }
@@ -65,11 +63,12 @@ impl Inode {
     /// The inode's vino from the client's cached attributes (no MDS round trip):
     /// `stx_ino` and `stx_dev` (which libcephfs fills with the snapid).
     pub fn vino(&self) -> Result<Vino> {
-        let ptr = self.raw_on(&self.mount, "ceph_ll_getattr")?;
+        let call = self.mount.enter("ceph_ll_getattr")?;
+        let ptr = self.raw_on(&call, "ceph_ll_getattr")?;
         let mut stx = Statx::default();
         // SAFETY: the mount is live (held by self); `ptr` is a referenced inode of it, not
-        // freed by a shutdown (`raw_on`); `stx` is a valid out buffer; the mount's own perms
-        // pointer is owned by the mount.
+        // freed by a shutdown while `call` lives; `stx` is a valid out buffer; the mount's own
+        // perms pointer is owned by the mount.
         let ret = unsafe {
             let perms = sys::ceph_mount_perms(self.mount.raw());
             sys::ceph_ll_getattr(
@@ -96,8 +95,9 @@ impl Inode {
     /// The result is the same `Inode*` (`as_ptr` equal).
     pub fn try_clone(&self) -> Result<Inode> {
         let vino = self.vino()?;
-        // SAFETY: the mount is live; ceph_ll_get_inode returns null or a referenced Inode*
-        // whose reference we take over.
+        let _call = self.mount.enter("ceph_ll_get_inode")?;
+        // SAFETY: the mount is live and not shut down while `_call` lives; ceph_ll_get_inode
+        // returns null or a referenced Inode* whose reference we take over.
         let raw = unsafe { sys::ceph_ll_get_inode(self.mount.raw(), vino.into()) };
         if raw.is_null() {
             return Err(CephError::new("ceph_ll_get_inode", libc::ESTALE));
@@ -109,10 +109,11 @@ impl Inode {
 
 impl Drop for Inode {
     fn drop(&mut self) {
-        if !self.mount.is_shut_down() {
+        // After a shutdown began there is nothing to release: the unmount frees every inode.
+        if let Ok(_call) = self.mount.enter("ceph_ll_put") {
             // SAFETY: we own exactly one reference on `ptr`, released only here; the mount is
-            // still live because `self.mount` is dropped after this, and not shut down (which
-            // would have freed the inode already).
+            // still live because `self.mount` is dropped after this, and no shutdown frees the
+            // inode while `_call` lives.
             unsafe { sys::ceph_ll_put(self.mount.raw(), self.ptr.as_ptr()) };
         }
     }

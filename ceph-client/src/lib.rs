@@ -19,8 +19,11 @@
 //!
 //! A C pointer is only ever handed to the client that made it, while it is alive: a call given
 //! an [`Inode`] of another mount fails with EXDEV (a process may hold several mounts), and once
-//! [`Mount::shutdown`] has freed everything, calls of the `Inode`s, `File`s and `Dir`s still
-//! alive fail with ENOTCONN. Both checks are a pointer compare or an atomic load.
+//! [`Mount::shutdown`] has begun, calls of the `Inode`s, `File`s and `Dir`s still alive fail
+//! with ENOTCONN. Every call counts itself in flight on its mount for as long as it uses a
+//! pointer, and the shutdown unmounts (freeing everything) only when no call is left: no
+//! pointer is freed under a call in another thread. The checks are an atomic add and a pointer
+//! compare.
 //!
 //! # Why `Mount`, `Inode`, `File` and `UserPerm` are `Send + Sync`
 //!

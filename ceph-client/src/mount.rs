@@ -3,8 +3,9 @@
 use std::ffi::{CStr, CString};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::error::{check, CephError, Result};
 use crate::sys;
@@ -248,7 +249,9 @@ impl MountBuilder {
         // From here on the `inner` owns the handle: its Drop releases it exactly once, on
         // every error path below as well as at the end of the mount's life.
         let mut inner = MountInner {
-            shut_down: AtomicBool::new(false),
+            calls: AtomicUsize::new(0),
+            unmounted: Mutex::new(false),
+            idle: Condvar::new(),
             cmount: cm.as_ptr(),
             _callbacks: self.callbacks.take(),
             reclaim: None,
@@ -312,12 +315,20 @@ impl Drop for MountBuilder {
     }
 }
 
+/// In `MountInner::calls`: the mount takes no new calls ([`Mount::shutdown`] has begun).
+const CLOSED: usize = 1 << (usize::BITS - 1);
+
 struct MountInner {
     // Null once torn down by `Mount::unmount`.
     cmount: *mut sys::ceph_mount_info,
-    // Set by `Mount::shutdown`: libcephfs has unmounted and freed every inode, file handle and
-    // directory stream; the owners still alive must not release theirs again.
-    shut_down: AtomicBool,
+    // The calls in flight ([`Call`]s alive), and `CLOSED` once `Mount::shutdown` began: from
+    // then on no call starts, and the unmount waits until none is left.
+    calls: AtomicUsize,
+    // Set once `Mount::shutdown` (or `abort_conn`) has had libcephfs unmount: every inode,
+    // file handle and directory stream is freed. Also the lock `idle` waits with.
+    unmounted: Mutex<bool>,
+    // Signalled when the last call of a closed mount ends.
+    idle: Condvar,
     // Pointed to by the `handle` registered with libcephfs; dropped after ceph_release.
     _callbacks: Option<Box<HandlerBox>>,
     // What `ceph_start_reclaim` found, for a mount built with `MountBuilder::reclaim`.
@@ -340,9 +351,14 @@ impl MountInner {
         if cm.is_null() {
             return Ok(());
         }
+        // A shutdown (or abort) unmounted already: only the release is left.
+        let shut_down = *self
+            .unmounted
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
         // SAFETY: `cm` is a live handle, torn down only here, once (the field is now null);
         // no Inode/File/Dir exists any more, since each of them holds a Mount clone.
-        let mounted = !self.shut_down.load(Ordering::Acquire)
+        let mounted = !shut_down
             // SAFETY: as above.
             && unsafe { sys::ceph_is_mounted(cm) } != 0;
         let unmounted = if mounted {
@@ -391,6 +407,36 @@ impl std::fmt::Debug for Mount {
     }
 }
 
+/// A call on the mount in progress, from [`Mount::enter`] until dropped: while one exists,
+/// [`Mount::shutdown`] does not unmount, so the pointers the call hands libcephfs stay valid.
+/// The pointers of inodes, files and directory streams are only given out against one
+/// ([`Inode::raw_on`](crate::Inode), `File::live`).
+pub(crate) struct Call<'a> {
+    mount: &'a Mount,
+}
+
+impl Call<'_> {
+    /// The mount the call is on.
+    pub(crate) fn mount(&self) -> &Mount {
+        self.mount
+    }
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        let inner = &*self.mount.inner;
+        if inner.calls.fetch_sub(1, Ordering::AcqRel) == CLOSED | 1 {
+            // The last call of a closed mount: a shutdown may be waiting. Taking the lock
+            // orders this wake-up after the waiter's check of the count.
+            let _g = inner
+                .unmounted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            inner.idle.notify_all();
+        }
+    }
+}
+
 /// `ceph_conf_get` on a live handle (mounted or not).
 fn conf_get(cm: *mut sys::ceph_mount_info, key: &str) -> Result<String> {
     let k = cstring("ceph_conf_get", key)?;
@@ -420,24 +466,76 @@ impl Mount {
         }
     }
 
+    /// Start a call on the mount: ENOTCONN (`op`) once [`Mount::shutdown`] has begun. Until the
+    /// returned [`Call`] is dropped, no shutdown unmounts. One atomic add (and one subtract at
+    /// the end).
+    pub(crate) fn enter(&self, op: &'static str) -> Result<Call<'_>> {
+        let call = Call { mount: self };
+        if self.inner.calls.fetch_add(1, Ordering::AcqRel) & CLOSED != 0 {
+            // Dropping `call` takes the add back.
+            return Err(CephError::new(op, libc::ENOTCONN));
+        }
+        Ok(call)
+    }
+
     /// Unmount now although other owners (inodes, files, directories, clones) may still exist:
     /// for a process that is about to exit (a daemon on SIGTERM) and wants its MDS session
     /// closed cleanly — dirty data flushed, caps returned — instead of left to time out.
     ///
-    /// `ceph_unmount` flushes, closes the open file handles and directory streams and frees
-    /// every inode; from here on the owners still alive release nothing in their Drop, and
-    /// every call on this mount fails (ENOTCONN): the calls taking an [`Inode`], and those of
-    /// [`File`](crate::File) and [`Dir`](crate::Dir), check the flag this sets before they
-    /// hand libcephfs a pointer. Happens at most once; later calls do nothing.
-    /// The caller must ensure no other thread is inside a libcephfs call on this mount (one
-    /// that passed the check before the flag was set).
-    pub fn shutdown(&self) -> Result<()> {
-        if self.inner.shut_down.swap(true, Ordering::AcqRel) {
+    /// From the start of the shutdown every call on this mount fails with ENOTCONN (the calls
+    /// taking an [`Inode`](crate::Inode), and those of [`File`](crate::File) and [`Dir`](crate::Dir), too)
+    /// and the owners still alive release nothing in their Drop. The calls already in flight
+    /// in other threads are waited for, at most `wait`: then `ceph_unmount` flushes, closes the
+    /// open file handles and directory streams and frees every inode, with no pointer of this
+    /// mount in use. If calls are still in flight after `wait` (a lock wait, a stuck OSD),
+    /// nothing is unmounted and the error is EBUSY: the mount stays closed, a later shutdown
+    /// may try again, and the last owner's Drop unmounts. Unmounts at most once; a shutdown
+    /// after a successful one does nothing.
+    pub fn shutdown(&self, wait: Duration) -> Result<()> {
+        self.close("ceph_unmount", wait, |cm| {
+            // SAFETY: `close` passes the live handle while no call is in flight and none can
+            // start, and only if no earlier shutdown or abort unmounted it.
+            unsafe { sys::ceph_unmount(cm) }
+        })
+    }
+
+    /// Close the mount to new calls, wait (at most `wait`) until none is in flight, and run
+    /// `unmount` on the handle once: the common part of [`Mount::shutdown`] and
+    /// [`Mount::abort_conn`].
+    fn close(
+        &self,
+        op: &'static str,
+        wait: Duration,
+        unmount: impl FnOnce(*mut sys::ceph_mount_info) -> i32,
+    ) -> Result<()> {
+        let inner = &*self.inner;
+        inner.calls.fetch_or(CLOSED, Ordering::AcqRel);
+        let deadline = Instant::now().checked_add(wait);
+        let mut unmounted = inner
+            .unmounted
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if *unmounted {
             return Ok(());
         }
-        // SAFETY: the handle is live (self holds it) and mounted; shut_down was false, so no
-        // earlier shutdown unmounted it, and the flag now keeps Drop from unmounting again.
-        check("ceph_unmount", unsafe { sys::ceph_unmount(self.raw()) }).map(drop)
+        while inner.calls.load(Ordering::Acquire) & !CLOSED != 0 {
+            let left = match deadline {
+                Some(d) => match d.checked_duration_since(Instant::now()) {
+                    Some(left) if !left.is_zero() => left,
+                    _ => return Err(CephError::new(op, libc::EBUSY)),
+                },
+                None => Duration::MAX,
+            };
+            unmounted = inner
+                .idle
+                .wait_timeout(unmounted, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        // Set first: whatever libcephfs answers, it may have freed the handles, so nobody
+        // releases one again (Drop of the last owner then only releases the client).
+        *unmounted = true;
+        check(op, unmount(self.raw())).map(drop)
     }
 
     /// `ceph_conf_get` on the mounted client: the value of a configuration option. Reading the
@@ -451,42 +549,49 @@ impl Mount {
         self.inner.reclaim
     }
 
+    /// How many calls are in flight on the mount now (in other threads: those a
+    /// [`Mount::shutdown`] waits for). For diagnostics and tests.
+    pub fn calls_in_flight(&self) -> usize {
+        self.inner.calls.load(Ordering::Acquire) & !CLOSED
+    }
+
     /// Whether `other` is this mount or a clone of it (a pointer compare).
     pub fn same_mount(&self, other: &Mount) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// Whether [`Mount::shutdown`] has run: owners then release nothing.
-    pub(crate) fn is_shut_down(&self) -> bool {
-        self.inner.shut_down.load(Ordering::Acquire)
-    }
-
     /// `ceph_abort_conn`: drop the MDS sessions without flushing or releasing caps (for a
-    /// fast exit after which another instance reclaims the state). All later calls on this
-    /// mount fail (ENOTCONN); Drop then only releases the handle.
-    pub fn abort_conn(&self) -> Result<()> {
-        // SAFETY: the handle is live (self holds it); abort_conn is serialised internally.
-        check("ceph_abort_conn", unsafe {
-            sys::ceph_abort_conn(self.raw())
+    /// fast exit after which another instance reclaims the state). Like [`Mount::shutdown`]
+    /// (which it replaces) it closes the mount to new calls (ENOTCONN) and waits at most
+    /// `wait` for the calls in flight (EBUSY otherwise); Drop then only releases the handle.
+    pub fn abort_conn(&self, wait: Duration) -> Result<()> {
+        self.close("ceph_abort_conn", wait, |cm| {
+            // SAFETY: as in `shutdown`; abort_conn frees the client's inodes and handles as
+            // an unmount does, without flushing.
+            unsafe { sys::ceph_abort_conn(cm) }
         })
-        .map(drop)
     }
 
     /// `ceph_sync_fs`: flush all dirty data and metadata of this client.
     pub fn sync_fs(&self) -> Result<()> {
-        // SAFETY: the handle is live and mounted.
+        let _call = self.enter("ceph_sync_fs")?;
+        // SAFETY: the handle is live and mounted (not shut down while `_call` lives).
         check("ceph_sync_fs", unsafe { sys::ceph_sync_fs(self.raw()) }).map(drop)
     }
 
-    /// `ceph_get_instance_id`: the client's global id (its `client.N`).
+    /// `ceph_get_instance_id`: the client's global id (its `client.N`); 0 after a shutdown.
     pub fn instance_id(&self) -> u64 {
-        // SAFETY: the handle is live.
+        let Ok(_call) = self.enter("ceph_get_instance_id") else {
+            return 0;
+        };
+        // SAFETY: the handle is live and mounted (not shut down while `_call` lives).
         unsafe { sys::ceph_get_instance_id(self.raw()) }
     }
 
     /// `ceph_set_deleg_timeout`.
     pub fn set_deleg_timeout(&self, secs: u32) -> Result<()> {
-        // SAFETY: the handle is live and mounted.
+        let _call = self.enter("ceph_set_deleg_timeout")?;
+        // SAFETY: the handle is live and mounted (not shut down while `_call` lives).
         check("ceph_set_deleg_timeout", unsafe {
             sys::ceph_set_deleg_timeout(self.raw(), secs)
         })

@@ -1,11 +1,11 @@
 //! The ll operations on a [`Mount`].
 //!
 //! An `Inode*` means something only to the client that handed it out, and only until that
-//! client is shut down: every call taking an [`Inode`] gets its pointer through
-//! [`Inode::raw_on`], which fails with EXDEV for an inode of another mount (the daemon holds
-//! more than one) and with ENOTCONN after [`Mount::shutdown`] (which freed it), instead of
-//! handing libcephfs a pointer it does not own. The check is a pointer compare and one atomic
-//! load.
+//! client is shut down: every call first enters the mount ([`Mount::enter`]: ENOTCONN once a
+//! [`Mount::shutdown`] began, and no shutdown frees anything while the call lasts), and gets
+//! the pointer of an [`Inode`] through [`Inode::raw_on`] for that call, which fails with EXDEV
+//! for an inode of another mount (the daemon holds more than one), instead of handing
+//! libcephfs a pointer it does not own. The checks are one atomic add and a pointer compare.
 
 use std::ffi::CStr;
 
@@ -27,8 +27,10 @@ const MAX_READLINK: usize = 1 << 20;
 impl Mount {
     /// `ceph_ll_lookup_root`: a reference on the mount's root inode.
     pub fn lookup_root(&self) -> Result<Inode> {
+        let _call = self.enter("ceph_ll_lookup_root")?;
         let mut out = std::ptr::null_mut();
-        // SAFETY: the mount is live; `out` is a valid out pointer.
+        // SAFETY: the mount is live and not shut down while `_call` lives; `out` is a valid
+        // out pointer.
         let ret = unsafe { sys::ceph_ll_lookup_root(self.raw(), &mut out) };
         check("ceph_ll_lookup_root", ret)?;
         // SAFETY: on success libcephfs handed us one reference.
@@ -45,7 +47,8 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx)> {
-        let parent_p = parent.raw_on(self, "ceph_ll_lookup")?;
+        let call = self.enter("ceph_ll_lookup")?;
+        let parent_p = parent.raw_on(&call, "ceph_ll_lookup")?;
         let mut out = std::ptr::null_mut();
         let mut stx = Statx::default();
         // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated; out
@@ -71,8 +74,10 @@ impl Mount {
     /// `ceph_ll_lookup_inode`: find a live inode by number, asking the MDS if it is not
     /// cached. A vanished inode gives ESTALE.
     pub fn lookup_inode(&self, ino: u64) -> Result<Inode> {
+        let _call = self.enter("ceph_ll_lookup_inode")?;
         let mut out = std::ptr::null_mut();
-        // SAFETY: the mount is live; `out` is a valid out pointer.
+        // SAFETY: the mount is live and not shut down while `_call` lives; `out` is a valid
+        // out pointer.
         let ret =
             unsafe { sys::ceph_ll_lookup_inode(self.raw(), sys::inodeno_t { val: ino }, &mut out) };
         check("ceph_ll_lookup_inode", ret)?;
@@ -87,7 +92,9 @@ impl Mount {
             ino,
             snapid: CEPH_NOSNAP,
         };
-        // SAFETY: the mount is live; libcephfs returns null or a referenced inode.
+        let _call = self.enter("ceph_ll_get_inode").ok()?;
+        // SAFETY: the mount is live and not shut down while `_call` lives; libcephfs returns
+        // null or a referenced inode.
         let ptr = unsafe { sys::ceph_ll_get_inode(self.raw(), vino.into()) };
         // SAFETY: null or an inode of this mount carrying one reference, which the returned
         // value takes over (from_raw refuses null).
@@ -101,9 +108,11 @@ impl Mount {
         if snapid == CEPH_NOSNAP {
             return self.lookup_inode(ino);
         }
+        let _call = self.enter("ceph_ll_lookup_vino")?;
         let mut out = std::ptr::null_mut();
         let vino = Vino { ino, snapid };
-        // SAFETY: the mount is live; `out` is a valid out pointer.
+        // SAFETY: the mount is live and not shut down while `_call` lives; `out` is a valid
+        // out pointer.
         let ret = unsafe { sys::ceph_ll_lookup_vino(self.raw(), vino.into(), &mut out) };
         check("ceph_ll_lookup_vino", ret)?;
         // SAFETY: on success libcephfs handed us one reference.
@@ -112,7 +121,8 @@ impl Mount {
 
     /// `ceph_ll_getattr`.
     pub fn getattr(&self, inode: &Inode, want: u32, flags: u32, perms: &UserPerm) -> Result<Statx> {
-        let inode_p = inode.raw_on(self, "ceph_ll_getattr")?;
+        let call = self.enter("ceph_ll_getattr")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_getattr")?;
         let mut stx = Statx::default();
         // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `stx` a valid out buffer;
         // perms outlives the call.
@@ -125,7 +135,8 @@ impl Mount {
 
     /// `ceph_ll_setattr`: set the fields of `stx` named by `mask` (`CEPH_SETATTR_*`).
     pub fn setattr(&self, inode: &Inode, stx: &Statx, mask: u32, perms: &UserPerm) -> Result<()> {
-        let inode_p = inode.raw_on(self, "ceph_ll_setattr")?;
+        let call = self.enter("ceph_ll_setattr")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_setattr")?;
         let mut copy = *stx;
         let mask =
             i32::try_from(mask).map_err(|_| CephError::new("ceph_ll_setattr", libc::EINVAL))?;
@@ -138,7 +149,8 @@ impl Mount {
 
     /// `ceph_ll_readlink`: the symlink's target bytes.
     pub fn readlink(&self, inode: &Inode, perms: &UserPerm) -> Result<Vec<u8>> {
-        let inode_p = inode.raw_on(self, "ceph_ll_readlink")?;
+        let call = self.enter("ceph_ll_readlink")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_readlink")?;
         let mut size = usize::try_from(libc::PATH_MAX).unwrap_or(4096);
         loop {
             let mut buf = vec![0u8; size];
@@ -174,7 +186,8 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx)> {
-        let parent_p = parent.raw_on(self, "ceph_ll_mknod")?;
+        let call = self.enter("ceph_ll_mknod")?;
+        let parent_p = parent.raw_on(&call, "ceph_ll_mknod")?;
         let mut out = std::ptr::null_mut();
         let mut stx = Statx::default();
         // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated; out
@@ -209,7 +222,8 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx)> {
-        let parent_p = parent.raw_on(self, "ceph_ll_mkdir")?;
+        let call = self.enter("ceph_ll_mkdir")?;
+        let parent_p = parent.raw_on(&call, "ceph_ll_mkdir")?;
         let mut out = std::ptr::null_mut();
         let mut stx = Statx::default();
         // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated; out
@@ -243,7 +257,8 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx)> {
-        let parent_p = parent.raw_on(self, "ceph_ll_symlink")?;
+        let call = self.enter("ceph_ll_symlink")?;
+        let parent_p = parent.raw_on(&call, "ceph_ll_symlink")?;
         let mut out = std::ptr::null_mut();
         let mut stx = Statx::default();
         // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); both strings
@@ -269,7 +284,8 @@ impl Mount {
 
     /// `ceph_ll_unlink`.
     pub fn unlink(&self, parent: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
-        let parent_p = parent.raw_on(self, "ceph_ll_unlink")?;
+        let call = self.enter("ceph_ll_unlink")?;
+        let parent_p = parent.raw_on(&call, "ceph_ll_unlink")?;
         // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated.
         let ret =
             unsafe { sys::ceph_ll_unlink(self.raw(), parent_p, name.as_ptr(), perms.as_ptr()) };
@@ -278,7 +294,8 @@ impl Mount {
 
     /// `ceph_ll_rmdir`. `rmdir(dir/.snap, NAME)` removes a snapshot.
     pub fn rmdir(&self, parent: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
-        let parent_p = parent.raw_on(self, "ceph_ll_rmdir")?;
+        let call = self.enter("ceph_ll_rmdir")?;
+        let parent_p = parent.raw_on(&call, "ceph_ll_rmdir")?;
         // SAFETY: mount live, `parent_p` a live inode of it (`raw_on`); `name` NUL-terminated.
         let ret =
             unsafe { sys::ceph_ll_rmdir(self.raw(), parent_p, name.as_ptr(), perms.as_ptr()) };
@@ -294,8 +311,9 @@ impl Mount {
         newname: &CStr,
         perms: &UserPerm,
     ) -> Result<()> {
-        let parent_p = parent.raw_on(self, "ceph_ll_rename")?;
-        let newparent_p = newparent.raw_on(self, "ceph_ll_rename")?;
+        let call = self.enter("ceph_ll_rename")?;
+        let parent_p = parent.raw_on(&call, "ceph_ll_rename")?;
+        let newparent_p = newparent.raw_on(&call, "ceph_ll_rename")?;
         // SAFETY: mount live, both parents live inodes of it (`raw_on`); names NUL-terminated.
         let ret = unsafe {
             sys::ceph_ll_rename(
@@ -319,8 +337,9 @@ impl Mount {
         name: &CStr,
         perms: &UserPerm,
     ) -> Result<Statx> {
-        let inode_p = inode.raw_on(self, "ceph_ll_link")?;
-        let newparent_p = newparent.raw_on(self, "ceph_ll_link")?;
+        let call = self.enter("ceph_ll_link")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_link")?;
+        let newparent_p = newparent.raw_on(&call, "ceph_ll_link")?;
         // SAFETY: mount live, `inode_p` and `newparent_p` live inodes of it (`raw_on`); `name`
         // NUL-terminated.
         let ret = unsafe {
@@ -394,7 +413,8 @@ impl Mount {
     /// the libcephfs bug; use [`Mount::open`].
     #[doc(hidden)]
     pub fn open_mds_truncate(&self, inode: &Inode, oflags: i32, perms: &UserPerm) -> Result<File> {
-        let inode_p = inode.raw_on(self, "ceph_ll_open")?;
+        let call = self.enter("ceph_ll_open")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_open")?;
         let mut fh = std::ptr::null_mut();
         // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `fh` a valid out pointer.
         let ret =
@@ -453,7 +473,8 @@ impl Mount {
         flags: u32,
         perms: &UserPerm,
     ) -> Result<(Inode, Statx, File)> {
-        let parent_p = parent.raw_on(self, "ceph_ll_create")?;
+        let call = self.enter("ceph_ll_create")?;
+        let parent_p = parent.raw_on(&call, "ceph_ll_create")?;
         let mut out = std::ptr::null_mut();
         let mut fh = std::ptr::null_mut();
         let mut stx = Statx::default();
@@ -485,7 +506,8 @@ impl Mount {
 
     /// `ceph_ll_opendir`.
     pub fn opendir(&self, inode: &Inode, perms: &UserPerm) -> Result<Dir> {
-        let inode_p = inode.raw_on(self, "ceph_ll_opendir")?;
+        let call = self.enter("ceph_ll_opendir")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_opendir")?;
         let mut dirp = std::ptr::null_mut();
         // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `dirp` a valid out pointer.
         let ret = unsafe { sys::ceph_ll_opendir(self.raw(), inode_p, &mut dirp, perms.as_ptr()) };
@@ -496,7 +518,8 @@ impl Mount {
 
     /// `ceph_ll_statfs`. Without a running mgr the block counts are 0 on Pacific.
     pub fn statfs(&self, inode: &Inode) -> Result<libc::statvfs> {
-        let inode_p = inode.raw_on(self, "ceph_ll_statfs")?;
+        let call = self.enter("ceph_ll_statfs")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_statfs")?;
         // SAFETY: statvfs is plain old data; all-zero is a valid value.
         let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
         // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `st` a valid out buffer
@@ -516,7 +539,8 @@ impl Mount {
         buf: &mut [u8],
         perms: &UserPerm,
     ) -> Result<usize> {
-        let inode_p = inode.raw_on(self, "ceph_ll_getxattr")?;
+        let call = self.enter("ceph_ll_getxattr")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_getxattr")?;
         let ptr = if buf.is_empty() {
             std::ptr::null_mut()
         } else {
@@ -547,7 +571,8 @@ impl Mount {
         flags: i32,
         perms: &UserPerm,
     ) -> Result<()> {
-        let inode_p = inode.raw_on(self, "ceph_ll_setxattr")?;
+        let call = self.enter("ceph_ll_setxattr")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_setxattr")?;
         // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `name` NUL-terminated;
         // `value` readable for its length.
         let ret = unsafe {
@@ -567,7 +592,8 @@ impl Mount {
     /// `ceph_ll_listxattr`: NUL-separated names into `buf`; returns the list's length. With
     /// an empty `buf`, only the length (size query); too small: ERANGE.
     pub fn listxattr(&self, inode: &Inode, buf: &mut [u8], perms: &UserPerm) -> Result<usize> {
-        let inode_p = inode.raw_on(self, "ceph_ll_listxattr")?;
+        let call = self.enter("ceph_ll_listxattr")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_listxattr")?;
         let ptr = if buf.is_empty() {
             std::ptr::null_mut()
         } else {
@@ -592,7 +618,8 @@ impl Mount {
 
     /// `ceph_ll_removexattr`.
     pub fn removexattr(&self, inode: &Inode, name: &CStr, perms: &UserPerm) -> Result<()> {
-        let inode_p = inode.raw_on(self, "ceph_ll_removexattr")?;
+        let call = self.enter("ceph_ll_removexattr")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_removexattr")?;
         // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`); `name` NUL-terminated.
         let ret =
             unsafe { sys::ceph_ll_removexattr(self.raw(), inode_p, name.as_ptr(), perms.as_ptr()) };
@@ -601,7 +628,8 @@ impl Mount {
 
     /// `ceph_ll_sync_inode`: flush one inode's dirty data (and metadata unless `datasync`).
     pub fn sync_inode(&self, inode: &Inode, datasync: bool) -> Result<()> {
-        let inode_p = inode.raw_on(self, "ceph_ll_sync_inode")?;
+        let call = self.enter("ceph_ll_sync_inode")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_sync_inode")?;
         // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`).
         let ret = unsafe { sys::ceph_ll_sync_inode(self.raw(), inode_p, i32::from(datasync)) };
         check("ceph_ll_sync_inode", ret).map(drop)
@@ -609,7 +637,8 @@ impl Mount {
 
     /// `ceph_ll_snap_seq`: the snapshot sequence number of the inode's snap realm.
     pub fn snap_seq(&self, inode: &Inode) -> Result<u64> {
-        let inode_p = inode.raw_on(self, "ceph_ll_snap_seq")?;
+        let call = self.enter("ceph_ll_snap_seq")?;
+        let inode_p = inode.raw_on(&call, "ceph_ll_snap_seq")?;
         // SAFETY: mount live, `inode_p` a live inode of it (`raw_on`).
         Ok(unsafe { sys::ceph_ll_snap_seq(self.raw(), inode_p) })
     }

@@ -10,6 +10,7 @@
 use std::ffi::CString;
 use std::io::{IoSlice, IoSliceMut};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use ceph_client::*;
 
@@ -944,7 +945,8 @@ fn calls_after_shutdown_are_enotconn() {
     let (ino, file) = write_file(&f, "f", b"data");
     let second = m.open(&ino, libc::O_RDONLY, p).unwrap();
     let mut dir = m.opendir(&f.dir, p).unwrap();
-    m.shutdown().unwrap();
+    let number = ino.vino().unwrap().ino;
+    m.shutdown(Duration::ZERO).unwrap();
 
     let x = libc::ENOTCONN;
     let mut buf = [0u8; 4];
@@ -967,9 +969,64 @@ fn calls_after_shutdown_are_enotconn() {
     assert_eq!(errno(dir.readdirplus(ALL, 0, false)), x);
     dir.rewinddir();
     assert_eq!(dir.telldir(), 0);
+    // Calls on the mount itself: the client they would ask is gone.
+    assert_eq!(errno(m.lookup_root()), x);
+    assert_eq!(errno(m.lookup_inode(number)), x);
+    assert!(m.cached_inode(number).is_none());
+    assert_eq!(errno(m.sync_fs()), x);
+    assert_eq!(m.instance_id(), 0);
+    assert_eq!(m.calls_in_flight(), 0);
+    // A second shutdown does nothing.
+    m.shutdown(Duration::ZERO).unwrap();
     // The handle is gone already: closing it is not an error, and dropping the rest frees
     // nothing twice.
     second.close().unwrap();
     drop((file, dir, ino));
     drop(f);
+}
+
+/// A shutdown never unmounts under a call in flight in another thread (the unmount frees the
+/// handle that call is using): with a lock wait in flight it closes the mount to new calls
+/// (ENOTCONN), gives up after its bound with EBUSY and unmounts nothing; the waiting call then
+/// completes normally, and a second shutdown, with nothing in flight, unmounts.
+#[test]
+fn shutdown_waits_for_the_calls_in_flight() {
+    let f = fixture("shutdown-wait");
+    let (m, p) = (&f.m, &f.root);
+    let (ino, file) = write_file(&f, "f", &[0u8; 100]);
+    // The lock is held through another mount, which can release it while `m` is closed.
+    let m2 = new_mount();
+    let name = format!("ceph-client-shutdown-wait-{}", std::process::id());
+    let (d2, _) = m2
+        .lookup(&m2.lookup_root().unwrap(), &c(&name), ALL, 0, p)
+        .unwrap();
+    let (ino2, _) = m2.lookup(&d2, &c("f"), ALL, 0, p).unwrap();
+    let holder = m2.open(&ino2, libc::O_RDWR, p).unwrap();
+    // SAFETY: flock is plain old data; all-zero is valid.
+    let mut wr: libc::flock = unsafe { std::mem::zeroed() };
+    wr.l_type = libc::F_WRLCK as i16;
+    wr.l_whence = libc::SEEK_SET as i16;
+    holder.setlk(&wr, 1, false).unwrap();
+
+    std::thread::scope(|s| {
+        // F_SETLKW: waits in libcephfs, using `file`'s handle, until the holder unlocks.
+        let waiter = s.spawn(|| file.setlk(&wr, 2, true));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while m.calls_in_flight() == 0 {
+            assert!(Instant::now() < deadline, "the lock wait never started");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(errno(m.shutdown(Duration::from_millis(100))), libc::EBUSY);
+        // Closed to new calls, but not unmounted: the waiting call still holds its handle.
+        assert_eq!(errno(m.getattr(&ino, ALL, 0, p)), libc::ENOTCONN);
+        assert_eq!(m.calls_in_flight(), 1);
+        let mut un = wr;
+        un.l_type = libc::F_UNLCK as i16;
+        holder.setlk(&un, 1, false).unwrap();
+        waiter.join().unwrap().unwrap();
+    });
+    assert_eq!(m.calls_in_flight(), 0);
+    m.shutdown(Duration::from_secs(60)).unwrap();
+    assert_eq!(errno(file.read(0, &mut [0u8; 4])), libc::ENOTCONN);
+    drop((file, ino));
 }

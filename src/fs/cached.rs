@@ -18,6 +18,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use super::shards::Shards;
+
 const SHARDS: usize = 64;
 
 /// A shard with more marks than this asks libcephfs which of its inodes are still cached.
@@ -29,21 +31,21 @@ const SHARD_BOUND: usize = 512;
 pub struct CachedInodes {
     /// ino → how many times it was marked: a mark renewed while its inode was being checked
     /// is not dropped.
-    shards: Vec<Mutex<HashMap<u64, u64>>>,
+    shards: Shards<Mutex<HashMap<u64, u64>>, SHARDS>,
 }
 
 impl Default for CachedInodes {
     fn default() -> Self {
-        let mut shards = Vec::new();
-        shards.resize_with(SHARDS, || Mutex::new(HashMap::new()));
-        CachedInodes { shards }
+        CachedInodes {
+            shards: Shards::new(|| Mutex::new(HashMap::new())),
+        }
     }
 }
 
 impl CachedInodes {
     fn shard(&self, ino: u64) -> &Mutex<HashMap<u64, u64>> {
         // Inode numbers are sequential: the low bits spread them.
-        super::shard(&self.shards, ino)
+        self.shards.get(ino)
     }
 
     /// Note that the cache may get data of `ino`. True when the shard has grown past its bound

@@ -11,11 +11,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
+use super::shards::Shards;
+
 const SHARDS: usize = 64;
 
 #[derive(Debug)]
 pub struct HandleTable<H> {
-    shards: Vec<RwLock<HashMap<u64, Arc<Entry<H>>>>>,
+    shards: Shards<RwLock<HashMap<u64, Arc<Entry<H>>>>, SHARDS>,
     next: AtomicU64,
     /// Handles in the table.
     count: AtomicUsize,
@@ -33,10 +35,8 @@ pub struct Entry<H> {
 
 impl<H> Default for HandleTable<H> {
     fn default() -> Self {
-        let mut shards = Vec::new();
-        shards.resize_with(SHARDS, || RwLock::new(HashMap::new()));
         HandleTable {
-            shards,
+            shards: Shards::new(|| RwLock::new(HashMap::new())),
             next: AtomicU64::new(session_base()),
             count: AtomicUsize::new(0),
             max: AtomicUsize::new(usize::MAX),
@@ -65,9 +65,8 @@ fn session_base() -> u64 {
 
 impl<H> HandleTable<H> {
     fn shard(&self, fh: u64) -> &RwLock<HashMap<u64, Arc<Entry<H>>>> {
-        // Handles are sequential: the low bits spread them over the shards. The modulo keeps the
-        // index in range.
-        super::shard(&self.shards, fh)
+        // Handles are sequential: the low bits spread them over the shards.
+        self.shards.get(fh)
     }
 
     /// Limit the table to `max` handles.

@@ -22,6 +22,8 @@ use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::shards::Shards;
+
 /// FUSE's root node id.
 pub const ROOT_ID: u64 = 1;
 
@@ -166,7 +168,7 @@ pub struct NewNode<T> {
 
 #[derive(Debug)]
 pub struct NodeTable<T> {
-    shards: Vec<RwLock<IdMap<Arc<Node<T>>>>>,
+    shards: Shards<RwLock<IdMap<Arc<Node<T>>>>, SHARDS>,
     root: Vino,
     /// Reverse index for allocated ids. Lock order: `allocated` before a shard.
     allocated: Mutex<HashMap<Vino, u64>>,
@@ -182,10 +184,8 @@ pub struct NodeTable<T> {
 impl<T> NodeTable<T> {
     /// A table holding the export root as node 1.
     pub fn new(root: NewNode<T>) -> Self {
-        let mut shards = Vec::with_capacity(SHARDS);
-        shards.resize_with(SHARDS, || RwLock::new(IdMap::default()));
         let t = NodeTable {
-            shards,
+            shards: Shards::new(|| RwLock::new(IdMap::default())),
             root: root.vino,
             allocated: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(ALLOCATED_BIT | 2),
@@ -211,7 +211,7 @@ impl<T> NodeTable<T> {
 
     fn shard(&self, id: u64) -> &RwLock<IdMap<Arc<Node<T>>>> {
         let h = BuildHasherDefault::<IdHasher>::default().hash_one(id);
-        super::shard(&self.shards, h)
+        self.shards.get(h)
     }
 
     pub fn root_vino(&self) -> Vino {

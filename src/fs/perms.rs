@@ -22,6 +22,8 @@ use fuse_backend_rs::api::filesystem::Context;
 
 use crate::idmap::{GuestGid, GuestUid, HostGid, HostUid, IdMapping};
 
+use super::shards::Shards;
+
 /// The caller of one request, on both sides: the guest's uid and gid from the request header,
 /// and the CephFS uid and gid the request runs as. Made once per request by [`Caller::map`]; in
 /// the operations it shadows the FUSE `Context` it was made from (under the same name, `ctx`),
@@ -98,14 +100,14 @@ type Shard = RwLock<HashMap<(u32, u32), Arc<UserPerm>>>;
 
 #[derive(Debug)]
 pub struct PermCache {
-    shards: Vec<Shard>,
+    shards: Shards<Shard, SHARDS>,
 }
 
 impl Default for PermCache {
     fn default() -> Self {
-        let mut shards = Vec::new();
-        shards.resize_with(SHARDS, || RwLock::new(HashMap::new()));
-        PermCache { shards }
+        PermCache {
+            shards: Shards::new(|| RwLock::new(HashMap::new())),
+        }
     }
 }
 
@@ -117,7 +119,7 @@ impl PermCache {
 
     pub fn get(&self, uid: HostUid, gid: HostGid) -> Arc<UserPerm> {
         let (uid, gid) = (uid.get(), gid.get());
-        let shard = super::shard(&self.shards, u64::from(uid ^ gid.rotate_left(16)));
+        let shard = self.shards.get(u64::from(uid ^ gid.rotate_left(16)));
         if let Some(p) = shard
             .read()
             .unwrap_or_else(|e| e.into_inner())

@@ -94,8 +94,9 @@ impl SideClient {
             m.rename(&old, oldname, &new, newname, perm)
         };
         let r = run();
-        // Unmounting returns the session's caps before the guest hears of the rename.
-        if let Err(e) = m.shutdown() {
+        // Unmounting returns the session's caps before the guest hears of the rename. Nothing
+        // is in flight: this thread is the session's only user.
+        if let Err(e) = m.shutdown(std::time::Duration::ZERO) {
             tracing::warn!(error = %e, "unmounting the rename session failed");
         }
         Some(r.map_err(io::Error::from))

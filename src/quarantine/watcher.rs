@@ -454,7 +454,8 @@ pub fn start(
             // Dropping `s` releases the inode references and then the mount.
             s.roots.clear();
             if let Some(m) = s.mount.take() {
-                let _ = m.shutdown();
+                // Nothing is in flight: this thread is the mount's only user.
+                let _ = m.shutdown(std::time::Duration::ZERO);
             }
         })?;
     Ok((

@@ -1,0 +1,524 @@
+//! Entries: names in directories. LOOKUP (also of "." and ".."), the nodes a name leads to
+//! (entered only if they can be a child of the directory asked, so the export boundary holds),
+//! the snapshot policy on `.snap` names, and the namespace changes: SYMLINK, MKNOD, MKDIR,
+//! UNLINK, RMDIR, RENAME, LINK (and READLINK).
+
+use super::*;
+
+/// What a rename would replace.
+enum RenameTarget {
+    /// Nothing: the new name is free.
+    None,
+    /// Another link of the file being renamed (POSIX: the rename does nothing).
+    Same,
+    /// A non-directory that keeps other names after the rename (see [`side`]).
+    LinkedFile,
+    /// Anything else.
+    Other,
+}
+
+/// Whether inode `child` is what libcephfs can return for a name (other than "." and "..")
+/// in directory `parent`: in a head directory a head inode other than itself (and never the
+/// filesystem's root) or its own `.snap`; in a `.snap` directory a snapshot of the same
+/// directory; in a snapshot another inode of the same snapshot. Names only ever lead down,
+/// so with ".." kept from libcephfs this keeps every node inside the export; the check makes
+/// it hold whatever libcephfs answers, at the cost of a few comparisons.
+fn is_child(parent: Vino, child: Vino) -> bool {
+    match parent.snapid {
+        NOSNAP => {
+            (child.snapid == NOSNAP && child.ino != parent.ino && child.ino != CEPH_INO_ROOT)
+                || (child.snapid == CEPH_SNAPDIR && child.ino == parent.ino)
+        }
+        CEPH_SNAPDIR => {
+            child.ino == parent.ino && child.snapid != NOSNAP && child.snapid != CEPH_SNAPDIR
+        }
+        snap => child.snapid == snap && child.ino != parent.ino && child.ino != CEPH_INO_ROOT,
+    }
+}
+
+impl CephFs {
+    /// Enter an inode libcephfs found in `parent` (lookup of a name, a READDIRPLUS entry, or
+    /// one just created there) and build the reply entry (one lookup count for the kernel).
+    /// The inode must be what a child of `parent` can be ([`is_child`]), so a node handed to
+    /// the guest never names an inode above the one it came from. With `gate`, a child in a
+    /// denied domain is refused (its reference released, nothing enters the table).
+    /// `op` names the request for the node limit's accounting ([`Self::insert_node`]).
+    pub(super) fn child_entry(
+        &self,
+        parent: &Arc<Node>,
+        name: &[u8],
+        inode: Inode,
+        st: &Statx,
+        op: &'static str,
+        gate: Option<(&'static str, GuestUid)>,
+    ) -> io::Result<Entry> {
+        let vino = vino_of(st);
+        if !is_child(parent.vino, vino) {
+            tracing::warn!(
+                parent = ?parent.vino,
+                child = ?vino,
+                "libcephfs returned an inode that cannot be a child of the directory asked; \
+                 refused (the export boundary holds)"
+            );
+            return Err(errno(libc::EIO));
+        }
+        let domain = self.child_domain(parent, st);
+        if let Some((op, uid)) = gate {
+            self.gate(domain.0, op, uid)?;
+        }
+        let node = self.insert_node(
+            NewNode {
+                vino,
+                kind: kind_of(st),
+                domain,
+                link: Some(Link {
+                    parent: parent.clone(),
+                    name: CString::new(name).map_err(|_| errno(libc::EINVAL))?,
+                }),
+                inode,
+            },
+            op,
+        )?;
+        Ok(self.entry_for(&node, st))
+    }
+
+    /// One more lookup of a node the guest may hold already (".", "..", LINK): the same node
+    /// if it is still in the table, else the same inode entered again with its parent.
+    fn same_entry(&self, node: &Arc<Node>, st: &Statx) -> io::Result<Entry> {
+        let n = self.insert_node(
+            NewNode {
+                vino: node.vino,
+                kind: node.kind,
+                domain: self.domain_stamp(node),
+                link: node.link(),
+                inode: node.inode.try_clone()?,
+            },
+            "lookup",
+        )?;
+        Ok(self.entry_for(&n, st))
+    }
+
+    /// Enter a node; ENFILE, counted, when the guest holds `--max-nodes` nodes and this
+    /// would be a new one.
+    fn insert_node(&self, new: NewNode<Inode>, op: &'static str) -> io::Result<Arc<Node>> {
+        self.nodes.insert(new).map_err(|e| {
+            self.limits.refused(Table::Nodes, self.cfg.max_nodes, op);
+            errno(e)
+        })
+    }
+
+    /// Snapshot policy: EROFS for a namespace change in a `.snap` directory unless the guest
+    /// may manage snapshots.
+    pub(super) fn snapdir_change(&self, dir: &Node) -> io::Result<()> {
+        if dir.vino.snapid == CEPH_SNAPDIR && !self.cfg.snapshots.writable() {
+            return Err(errno(libc::EROFS));
+        }
+        Ok(())
+    }
+
+    /// Snapshot policy `hidden`: an entry that is a `.snap` directory does not exist (its
+    /// lookup count is given back).
+    fn snapdir_visible(&self, e: Entry) -> io::Result<Entry> {
+        if self.cfg.snapshots.visible() || e.inode == 0 {
+            return Ok(e);
+        }
+        match self.nodes.get(e.inode) {
+            Some(n) if n.vino.snapid == CEPH_SNAPDIR => {
+                self.nodes.forget(e.inode, 1);
+                Err(errno(libc::ENOENT))
+            }
+            _ => Ok(e),
+        }
+    }
+
+    pub(super) fn entry_for(&self, node: &Node, st: &Statx) -> Entry {
+        let ttl = self.policy.ttl(self.class(node));
+        Entry {
+            inode: node.id,
+            generation: 0,
+            attr: to_stat(st, &self.cfg.idmap),
+            attr_flags: 0,
+            attr_timeout: ttl.attr,
+            entry_timeout: ttl.entry,
+        }
+    }
+
+    /// What a rename of `oldname` in `old` to `newname` in `new` would replace. Both names
+    /// were just looked up by the guest, so libcephfs answers from its cache (the link count
+    /// from the MDS if it lacks the caps that keep it current).
+    fn rename_target(
+        &self,
+        old: &Node,
+        oldname: &CStr,
+        new: &Node,
+        newname: &CStr,
+        perm: &ceph_client::UserPerm,
+    ) -> io::Result<RenameTarget> {
+        let (_, from) = self
+            .mount
+            .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm)?;
+        let want = CEPH_STATX_INO | CEPH_STATX_NLINK | CEPH_STATX_MODE;
+        match self.mount.lookup(&new.inode, newname, want, 0, perm) {
+            Ok(_) if old.vino.snapid != nodes::NOSNAP || new.vino.snapid != nodes::NOSNAP => {
+                Ok(RenameTarget::Other)
+            }
+            Ok((_, to)) if vino_of(&from) == vino_of(&to) => Ok(RenameTarget::Same),
+            Ok((_, to)) if kind_of(&to) != libc::S_IFDIR && to.stx_nlink > 1 => {
+                Ok(RenameTarget::LinkedFile)
+            }
+            Ok(_) => Ok(RenameTarget::Other),
+            Err(e) if e.errno() == libc::ENOENT => Ok(RenameTarget::None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// After a rename between two directories: libcephfs 16 keeps the attributes of the
+    /// directory an entry left as they were (the MDS's reply describes the target side only),
+    /// its mtime and ctime, and
+    /// for a directory moved out, its link count (`mkdir P Q P/d; mv P/d Q/d` left P at 3;
+    /// the MDS has 2). Reading a directory-statistics vxattr makes libcephfs fetch the inode
+    /// from the MDS whatever caps it holds (ll_getattr has no "force sync" in 16:
+    /// AT_STATX_FORCE_SYNC is EINVAL), and the reply refreshes its cache. Done at once: the
+    /// guest may next see the directory through LOOKUP or READDIRPLUS as well as GETATTR.
+    /// One MDS request per rename between directories; a rename within one is described
+    /// fully by the reply.
+    fn after_rename(&self, old: &Node, new: &Node) {
+        if old.id == new.id {
+            return;
+        }
+        let root = self.perms.root();
+        let mut buf = [0u8; 32];
+        if let Err(e) = self
+            .mount
+            .getxattr(&old.inode, c"ceph.dir.subdirs", &mut buf, &root)
+        {
+            tracing::debug!(%e, ino = old.vino.ino, "refreshing a directory after a rename");
+        }
+    }
+
+    fn lookup_name(&self, parent: &Arc<Node>, name: &CStr, ctx: &Caller) -> io::Result<Entry> {
+        let perm = self.perm(ctx);
+        let bytes = name.to_bytes();
+        if bytes == b"." {
+            let st = self.mount.getattr(&parent.inode, WANT, 0, &perm)?;
+            return self.same_entry(parent, &st);
+        }
+        // ".." never reaches libcephfs from the guest: see `lookup_parent`.
+        if bytes == b".." {
+            return self.lookup_parent(parent, ctx);
+        }
+        let (inode, st) = self.mount.lookup(&parent.inode, name, WANT, 0, &perm)?;
+        self.child_entry(
+            parent,
+            bytes,
+            inode,
+            &st,
+            "lookup",
+            Some(("lookup", ctx.guest_uid())),
+        )
+    }
+
+    /// LOOKUP "..": the export root's is the export root; a `.snap` directory's is the
+    /// directory it belongs to; a snapshot root's is its `.snap`; any other node on the
+    /// snapshot side's is the node it was found in (a snapshot does not change); a head
+    /// directory's is the node it was found in while its name there still leads to it.
+    /// Only otherwise (another client renamed it) is libcephfs asked for a head directory's
+    /// ".." (its one parent dentry), and the answer must lie below the export root
+    /// ([`Self::walk_up`]): a directory moved out of the export has no parent the guest may
+    /// see (EACCES). libcephfs's own ".." of the export root's `.snap` is the export's
+    /// parent (issue 13), hence never asked there.
+    fn lookup_parent(&self, node: &Arc<Node>, ctx: &Caller) -> io::Result<Entry> {
+        let perm = self.perm(ctx);
+        let link = node.link();
+        let up = if node.id == ROOT_ID {
+            node.clone()
+        } else if !node.is_dir() {
+            // Non-directories have no ".." (libcephfs: ENOTDIR); the kernel never asks.
+            return Err(errno(libc::ENOTDIR));
+        } else if node.vino.snapid != NOSNAP {
+            link.ok_or_else(|| errno(libc::ESTALE))?.parent
+        } else if let Some(l) = link.filter(|l| self.link_holds(l, node.vino, &perm)) {
+            l.parent
+        } else {
+            let (inode, st) = self.mount.lookup(&node.inode, c"..", WANT, 0, &perm)?;
+            let vino = vino_of(&st);
+            if vino == self.nodes.root_vino() {
+                self.nodes.get(ROOT_ID).ok_or_else(|| errno(libc::ESTALE))?
+            } else {
+                if vino.snapid != NOSNAP
+                    || kind_of(&st) != libc::S_IFDIR
+                    || self.walk_up(&inode, vino.ino, None) != Up::Root
+                {
+                    tracing::debug!(?vino, "\"..\" of a directory lies outside the export");
+                    return Err(errno(libc::EACCES));
+                }
+                let domain = match &self.cfg.quarantine {
+                    Some(g) => {
+                        let generation = g.generation();
+                        let d = match g.domain_of_root(vino.ino) {
+                            Some(d) => d,
+                            None => match self.walk_up(&inode, vino.ino, Some(g)) {
+                                Up::Root => g.root_domain(),
+                                Up::Domain(d) => d,
+                                Up::Outside => crate::quarantine::UNSURE,
+                            },
+                        };
+                        (d, generation)
+                    }
+                    None => (0, 0),
+                };
+                self.gate(domain.0, "lookup", ctx.guest_uid())?;
+                let n = self.insert_node(
+                    NewNode {
+                        vino,
+                        kind: kind_of(&st),
+                        domain,
+                        link: None,
+                        inode,
+                    },
+                    "lookup",
+                )?;
+                return Ok(self.entry_for(&n, &st));
+            }
+        };
+        self.gate(self.domain_of(&up), "lookup", ctx.guest_uid())?;
+        let st = self.mount.getattr(&up.inode, WANT, 0, &perm)?;
+        self.same_entry(&up, &st)
+    }
+
+    pub(super) fn do_lookup(&self, ctx: &Caller, parent: u64, name: &CStr) -> io::Result<Entry> {
+        names::check_name(name, Use::Lookup).map_err(errno)?;
+        let parent = self.dir_op(parent, "lookup", ctx)?;
+        match self
+            .lookup_name(&parent, name, ctx)
+            .and_then(|e| self.snapdir_visible(e))
+        {
+            // A negative entry lets the guest cache "not there" for as long as a positive one.
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOENT) && self.cfg.cache != CacheMode::Never =>
+            {
+                Ok(Entry {
+                    inode: 0,
+                    generation: 0,
+                    attr: to_stat(&Statx::default(), &self.cfg.idmap),
+                    attr_flags: 0,
+                    attr_timeout: Duration::ZERO,
+                    entry_timeout: self.policy.ttl(self.class(&parent)).entry,
+                })
+            }
+            r => r,
+        }
+    }
+
+    pub(super) fn do_readlink(&self, ctx: &Caller, inode: u64) -> io::Result<Vec<u8>> {
+        let node = self.node_op(inode, "readlink", ctx)?;
+        Ok(self.mount.readlink(&node.inode, &self.perm(ctx))?)
+    }
+
+    pub(super) fn do_symlink(
+        &self,
+        ctx: &Caller,
+        linkname: &CStr,
+        parent: u64,
+        name: &CStr,
+    ) -> io::Result<Entry> {
+        self.changed_name(name, names::Change::New)?;
+        if linkname.to_bytes().len() >= PATH_MAX {
+            return Err(errno(libc::ENAMETOOLONG));
+        }
+        let parent = self.dir_op(parent, "symlink", ctx)?;
+        self.snapdir_change(&parent)?;
+        self.node_room("symlink")?;
+        let (inode, st) =
+            self.mount
+                .symlink(&parent.inode, name, linkname, WANT, 0, &self.perm(ctx))?;
+        self.child_entry(&parent, name.to_bytes(), inode, &st, "symlink", None)
+    }
+
+    pub(super) fn do_mknod(
+        &self,
+        ctx: &Caller,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+        rdev: u32,
+    ) -> io::Result<Entry> {
+        self.changed_name(name, names::Change::New)?;
+        mknod_allowed(mode, self.cfg.allow_device_nodes)?;
+        let parent = self.dir_op(parent, "mknod", ctx)?;
+        self.snapdir_change(&parent)?;
+        self.node_room("mknod")?;
+        let (inode, st) = self.mount.mknod(
+            &parent.inode,
+            name,
+            mode,
+            u64::from(rdev),
+            WANT,
+            0,
+            &self.perm(ctx),
+        )?;
+        self.child_entry(&parent, name.to_bytes(), inode, &st, "mknod", None)
+    }
+
+    pub(super) fn do_mkdir(
+        &self,
+        ctx: &Caller,
+        parent: u64,
+        name: &CStr,
+        mode: u32,
+    ) -> io::Result<Entry> {
+        self.changed_name(name, names::Change::New)?;
+        let parent = self.dir_op(parent, "mkdir", ctx)?;
+        self.snapdir_change(&parent)?;
+        self.node_room("mkdir")?;
+        let (inode, st) =
+            self.mount
+                .mkdir(&parent.inode, name, mode & 0o7777, WANT, 0, &self.perm(ctx))?;
+        self.child_entry(&parent, name.to_bytes(), inode, &st, "mkdir", None)
+    }
+
+    pub(super) fn do_unlink(&self, ctx: &Caller, parent: u64, name: &CStr) -> io::Result<()> {
+        self.changed_name(name, names::Change::Unlink)?;
+        let parent = self.dir_op(parent, "unlink", ctx)?;
+        self.snapdir_change(&parent)?;
+        self.mount.unlink(&parent.inode, name, &self.perm(ctx))?;
+        Ok(())
+    }
+
+    pub(super) fn do_rmdir(&self, ctx: &Caller, parent: u64, name: &CStr) -> io::Result<()> {
+        self.changed_name(name, names::Change::Rmdir)?;
+        let parent = self.dir_op(parent, "rmdir", ctx)?;
+        self.snapdir_change(&parent)?;
+        let perm = self.perm(ctx);
+        if self.names_denied_root(&parent, name, &perm) {
+            return Err(errno(libc::EACCES));
+        }
+        self.mount.rmdir(&parent.inode, name, &perm)?;
+        Ok(())
+    }
+
+    pub(super) fn do_rename(
+        &self,
+        ctx: &Caller,
+        olddir: u64,
+        oldname: &CStr,
+        newdir: u64,
+        newname: &CStr,
+        flags: u32,
+    ) -> io::Result<()> {
+        self.changed_name(oldname, names::Change::Rename)?;
+        self.changed_name(newname, names::Change::Rename)?;
+        let old = self.dir_op(olddir, "rename", ctx)?;
+        let new = self.dir_op(newdir, "rename", ctx)?;
+        self.snapdir_change(&old)?;
+        self.snapdir_change(&new)?;
+        let perm = self.perm(ctx);
+        // Moving a quarantined directory itself (or replacing one) is refused as well.
+        if self.names_denied_root(&old, oldname, &perm)
+            || self.names_denied_root(&new, newname, &perm)
+        {
+            return Err(errno(libc::EACCES));
+        }
+        match flags {
+            // POSIX: a rename between two links of one file does nothing. Linux's VFS checks
+            // it before asking the filesystem, but a guest whose dentries are stale (another
+            // client linked the names) sends it, and libcephfs then removed the source name
+            // and lost track of the file's other names.
+            0 => match self.rename_target(&old, oldname, &new, newname, &perm)? {
+                RenameTarget::Same => return Ok(()),
+                // See `side`: through the main session, libcephfs would hide the other names.
+                RenameTarget::LinkedFile => {
+                    if let Some(r) =
+                        self.side
+                            .rename(old.vino.ino, oldname, new.vino.ino, newname, &perm)
+                    {
+                        r?;
+                        self.after_rename(&old, &new);
+                        return Ok(());
+                    }
+                }
+                RenameTarget::None | RenameTarget::Other => {}
+            },
+            // libcephfs has no atomic "rename unless the target exists": check, then rename.
+            // Another client creating the target between the two steps is not caught; within
+            // one guest the kernel's directory locks serialise the two.
+            f if f == libc::RENAME_NOREPLACE => {
+                match self.mount.lookup(&new.inode, newname, 0, 0, &perm) {
+                    Ok(_) => return Err(errno(libc::EEXIST)),
+                    Err(e) if e.errno() == libc::ENOENT => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            // RENAME_EXCHANGE cannot be done atomically through libcephfs; WHITEOUT is overlayfs'.
+            _ => return Err(errno(libc::EINVAL)),
+        }
+        self.mount
+            .rename(&old.inode, oldname, &new.inode, newname, &perm)?;
+        self.after_rename(&old, &new);
+        Ok(())
+    }
+
+    pub(super) fn do_link(
+        &self,
+        ctx: &Caller,
+        inode: u64,
+        newparent: u64,
+        newname: &CStr,
+    ) -> io::Result<Entry> {
+        self.changed_name(newname, names::Change::New)?;
+        let node = self.node_op(inode, "link", ctx)?;
+        let parent = self.dir_op(newparent, "link", ctx)?;
+        if node.is_dir() {
+            // link(2) of a directory; libcephfs would hand it to the MDS.
+            return Err(errno(libc::EPERM));
+        }
+        self.snapdir_change(&parent)?;
+        let perm = self.perm(ctx);
+        self.mount
+            .link(&node.inode, &parent.inode, newname, &perm)?;
+        let st = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
+        self.same_entry(&node, &st)
+    }
+}
+
+/// MKNOD's file types: regular files, FIFOs and sockets, and device nodes only when the operator
+/// allows them (other clients that mount CephFS without nodev would open the guest's devices).
+/// A directory is EPERM and an unknown type EINVAL, as Linux's mknod(2) answers (`may_mknod`);
+/// a device node refused by policy is EPERM, as for a caller without CAP_MKNOD.
+fn mknod_allowed(mode: u32, devices: bool) -> io::Result<()> {
+    match mode & libc::S_IFMT {
+        // Type 0 is a regular file for mknod(2).
+        0 | libc::S_IFREG | libc::S_IFIFO | libc::S_IFSOCK => Ok(()),
+        libc::S_IFCHR | libc::S_IFBLK if devices => Ok(()),
+        libc::S_IFCHR | libc::S_IFBLK | libc::S_IFDIR => Err(errno(libc::EPERM)),
+        _ => Err(errno(libc::EINVAL)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hostile_mknod_types_are_filtered() {
+        let e = |r: io::Result<()>| r.unwrap_err().raw_os_error();
+        for t in [0, libc::S_IFREG, libc::S_IFIFO, libc::S_IFSOCK] {
+            assert!(mknod_allowed(t | 0o644, false).is_ok(), "{t:o}");
+        }
+        for t in [libc::S_IFCHR, libc::S_IFBLK] {
+            assert_eq!(e(mknod_allowed(t | 0o600, false)), Some(libc::EPERM));
+            assert!(mknod_allowed(t | 0o600, true).is_ok());
+        }
+        assert_eq!(
+            e(mknod_allowed(libc::S_IFDIR | 0o755, true)),
+            Some(libc::EPERM)
+        );
+        for t in [libc::S_IFLNK, 0o110000, 0o070000] {
+            assert_eq!(
+                e(mknod_allowed(t | 0o755, true)),
+                Some(libc::EINVAL),
+                "{t:o}"
+            );
+        }
+    }
+}
