@@ -40,6 +40,7 @@ pub mod fs;
 pub mod idmap;
 pub mod logging;
 pub mod metrics;
+pub mod migration;
 pub mod poll;
 pub mod quarantine;
 pub mod sandbox;
