@@ -69,6 +69,8 @@ pub struct Config {
     /// the window adapts below it.
     pub poll_us: u64,
     pub keep_serving: bool,
+    /// Live migration: what a destination does with entries it cannot resolve.
+    pub migration_on_error: crate::migration::OnError,
     pub cache: CacheMode,
     pub xattr: bool,
     /// Per-guest limits and policy of the filesystem layer.
@@ -540,6 +542,12 @@ impl Config {
             queues,
             poll_us,
             keep_serving: args.keep_serving || file.vhost_user.keep_serving.unwrap_or(false),
+            migration_on_error: match args.migration_on_error {
+                Some(crate::args::MigrationOnError::Abort) => crate::migration::OnError::Abort,
+                Some(crate::args::MigrationOnError::GuestError) | None => {
+                    crate::migration::OnError::GuestError
+                }
+            },
             cache,
             xattr,
             guest,

@@ -24,6 +24,7 @@ pub mod nodes;
 pub mod perms;
 pub mod policy;
 pub mod side;
+mod state;
 mod stats;
 
 use std::ffi::{CStr, CString};
@@ -101,6 +102,10 @@ pub struct OpenFile {
     writable: bool,
     /// POSIX locks were taken through this handle: FLUSH must release the owner's locks.
     locked: AtomicBool,
+    /// BSD locks were taken through this handle (a migration asks whether one is held).
+    flocked: AtomicBool,
+    /// The open flags libcephfs got (a migration opens the file again with them).
+    oflags: i32,
     /// The node it was opened on: its quarantine domain is asked on every request, so a
     /// handle follows its node's domain when that is derived again.
     node: Arc<Node>,
@@ -117,6 +122,8 @@ impl OpenFile {
             noted: AtomicBool::new(false),
             writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
             locked: AtomicBool::new(false),
+            flocked: AtomicBool::new(false),
+            oflags,
             node: node.clone(),
         })
     }
@@ -204,6 +211,8 @@ pub struct CephFs {
     side: side::SideClient,
     /// The snapshot directory's name (libcephfs's `client_snapdir`).
     snapdir: Box<[u8]>,
+    /// Live migration of the guest's session ([`state`]).
+    migration: state::Migration,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -490,6 +499,7 @@ impl CephFs {
             killpriv: AtomicBool::new(false),
             cached: cached::CachedInodes::default(),
             limits: LimitStats::default(),
+            migration: state::Migration::default(),
         })
     }
 
@@ -1393,6 +1403,7 @@ impl FileSystem for CephFs {
         }
         let on = self.cfg.killpriv_v2 && capable.contains(FsOptions::HANDLE_KILLPRIV_V2);
         self.killpriv.store(on, Ordering::Relaxed);
+        self.migration.note_init(capable);
         tracing::info!(killpriv_v2 = on, cache = %self.cfg.cache, "FUSE session starts");
         Ok(want)
     }

@@ -1521,3 +1521,152 @@ fn hostile_reconnect_drops_the_previous_sessions_handles() {
     assert_eq!((reply.error, reply.unique), (-libc::EBADF, 2));
     assert_eq!(fs.destroyed.load(AtomicOrdering::SeqCst), 1);
 }
+
+/// The test filesystem's session for migration: its open handles (all files, flags 0).
+impl crate::migration::DeviceState for TestFs {
+    fn save_state(&self) -> Result<Vec<u8>, MigrationError> {
+        if *self.held.0.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Err(MigrationError::LocksHeld(1));
+        }
+        let open = self
+            .handles
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut handles: Vec<_> = open
+            .iter()
+            .map(|(&fh, &node)| crate::migration::HandleState {
+                fh,
+                node,
+                kind: crate::migration::HandleKind::File { oflags: 0 },
+            })
+            .collect();
+        handles.sort_by_key(|h| h.fh);
+        Ok(crate::migration::State {
+            handles,
+            ..Default::default()
+        }
+        .encode())
+    }
+
+    fn load_state(&self, bytes: &[u8]) -> Result<crate::migration::LoadReport, MigrationError> {
+        let state = crate::migration::State::decode(bytes)?;
+        let mut open = self
+            .handles
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for h in &state.handles {
+            open.insert(h.fh, h.node);
+        }
+        Ok(crate::migration::LoadReport {
+            handles: state.handles.len(),
+            ..Default::default()
+        })
+    }
+}
+
+/// A pipe: (read end, write end).
+fn pipe() -> (File, File) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(r, 0, "pipe2: {}", io::Error::last_os_error());
+    // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
+    unsafe {
+        use std::os::fd::FromRawFd;
+        (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
+    }
+}
+
+#[test]
+fn device_state_moves_through_set_device_state_fd_and_check() {
+    let (src, src_fs) = backend(1, None);
+    assert!(!src
+        .protocol_features()
+        .contains(VhostUserProtocolFeatures::DEVICE_STATE));
+    src.enable_migration(src_fs.clone());
+    assert!(src
+        .protocol_features()
+        .contains(VhostUserProtocolFeatures::DEVICE_STATE));
+    let a = src_fs.handles.insert(5);
+    let b = src_fs.handles.insert(6);
+
+    // Save: the backend writes the state and closes its end; the frontend reads to EOF.
+    let (mut rd, wr) = pipe();
+    let back = src
+        .set_device_state_fd(
+            VhostTransferStateDirection::SAVE,
+            VhostTransferStatePhase::STOPPED,
+            wr,
+        )
+        .unwrap();
+    assert!(back.is_none());
+    let mut blob = Vec::new();
+    rd.read_to_end(&mut blob).unwrap();
+    src.check_device_state().unwrap();
+    // A second check without a transfer is an error, not a stale success.
+    assert!(src.check_device_state().is_err());
+
+    // Load into another backend.
+    let (dst, dst_fs) = backend(1, None);
+    dst.enable_migration(dst_fs.clone());
+    let (rd, mut wr) = pipe();
+    dst.set_device_state_fd(
+        VhostTransferStateDirection::LOAD,
+        VhostTransferStatePhase::STOPPED,
+        rd,
+    )
+    .unwrap();
+    wr.write_all(&blob).unwrap();
+    drop(wr);
+    dst.check_device_state().unwrap();
+    assert_eq!(dst_fs.handles.get(5, a), Ok(a));
+    assert_eq!(dst_fs.handles.get(6, b), Ok(b));
+
+    // Damaged bytes fail the check (QEMU then fails the migration).
+    let (dst2, dst2_fs) = backend(1, None);
+    dst2.enable_migration(dst2_fs);
+    let (rd, mut wr) = pipe();
+    dst2.set_device_state_fd(
+        VhostTransferStateDirection::LOAD,
+        VhostTransferStatePhase::STOPPED,
+        rd,
+    )
+    .unwrap();
+    wr.write_all(&blob[..blob.len() - 1]).unwrap();
+    drop(wr);
+    assert!(dst2.check_device_state().is_err());
+}
+
+#[test]
+fn a_refused_save_closes_the_fd_and_fails_the_check() {
+    let (src, src_fs) = backend(1, None);
+    src.enable_migration(src_fs.clone());
+    *src_fs.held.0.lock().unwrap() = true;
+    let (mut rd, wr) = pipe();
+    src.set_device_state_fd(
+        VhostTransferStateDirection::SAVE,
+        VhostTransferStatePhase::STOPPED,
+        wr,
+    )
+    .unwrap();
+    // The frontend is not left waiting: EOF with nothing written.
+    let mut blob = Vec::new();
+    rd.read_to_end(&mut blob).unwrap();
+    assert!(blob.is_empty());
+    assert!(src.check_device_state().is_err());
+}
+
+#[test]
+fn without_migration_the_device_state_messages_are_refused() {
+    let (b, _) = backend(1, None);
+    let (_rd, wr) = pipe();
+    assert!(b
+        .set_device_state_fd(
+            VhostTransferStateDirection::SAVE,
+            VhostTransferStatePhase::STOPPED,
+            wr,
+        )
+        .is_err());
+}
