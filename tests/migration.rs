@@ -1,0 +1,427 @@
+//! Live migration of a guest's FUSE session between two daemons, host side: the filesystem
+//! layer of daemon A saves its session (the bytes SET_DEVICE_STATE_FD carries), daemon B — a
+//! second libcephfs client with another cephx id (`client.migdst`) — loads it, and the guest's
+//! node ids and handles go on working there. The vhost-user half (the fd, the transfer thread,
+//! CHECK_DEVICE_STATE) is covered by the unit tests of `vhost_user`.
+//!
+//! Run alone: `cargo test --test migration` (needs the lab cluster, see tests/run).
+
+mod common;
+
+use std::ffi::CString;
+use std::io;
+use std::path::Path;
+use std::time::Instant;
+
+use ceph_client::{MountBuilder, UserPerm, CEPH_STATX_BASIC_STATS};
+use ceph_virtiofsd::fs::CephFs;
+use ceph_virtiofsd::migration::{DeviceState, MigrationError, OnError};
+use fuse_backend_rs::abi::fuse_abi::{FsOptions, LK_FLOCK};
+use fuse_backend_rs::api::filesystem::{FileLock, FileSystem, ZeroCopyWriter};
+use fuse_backend_rs::file_buf::FileVolatileSlice;
+use fuse_backend_rs::file_traits::FileReadWriteVolatile;
+use vm_memory::VolatileSlice;
+
+use common::{c, ctx, errno, Lab, Payload};
+
+/// The destination's cephx id: another client than the source's.
+const DEST_ID: &str = "migdst";
+
+/// A keyring for `client.migdst` (created once per cluster; `get-or-create` is idempotent).
+fn dest_keyring(lab: &Lab) -> std::path::PathBuf {
+    let path = lab
+        .scratch(&format!("migdst-{}", std::process::id()))
+        .join("keyring");
+    let st = std::process::Command::new("ceph")
+        .arg("-c")
+        .arg(&lab.conf)
+        .args(["auth", "get-or-create", &format!("client.{DEST_ID}")])
+        .args(["mon", "allow r", "mds", "allow rw", "osd", "allow rw"])
+        .arg("-o")
+        .arg(&path)
+        .status()
+        .expect("run the ceph CLI");
+    assert!(
+        st.success(),
+        "ceph auth get-or-create client.{DEST_ID}: {st}"
+    );
+    path
+}
+
+/// Daemon B: the filesystem layer on the same export, as `client.migdst`, with no FUSE
+/// session (no INIT: the guest does not send one after a migration).
+fn destination(lab: &Lab, export: &str, on_error: OnError) -> CephFs {
+    let keyring = dest_keyring(lab);
+    let mount = MountBuilder::new(Some(DEST_ID))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.conf_set("keyring", keyring.to_str().unwrap()))
+        .and_then(|b| b.mount(export))
+        .expect("mount the export as client.migdst");
+    let fs = CephFs::new(mount, Default::default()).unwrap();
+    fs.set_migration_on_error(on_error);
+    fs
+}
+
+/// READ reply buffer in plain memory.
+struct Sink(Vec<u8>);
+
+impl io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl ZeroCopyWriter for Sink {
+    fn write_from(
+        &mut self,
+        f: &mut dyn FileReadWriteVolatile,
+        count: usize,
+        off: u64,
+    ) -> io::Result<usize> {
+        let mut buf = vec![0u8; count];
+        let slice = VolatileSlice::from(&mut buf[..]);
+        let n = f.read_at_volatile(FileVolatileSlice::from_volatile_slice(&slice), off)?;
+        self.0.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+    fn available_bytes(&self) -> usize {
+        usize::MAX
+    }
+}
+
+fn write(fs: &CephFs, ino: u64, fh: u64, off: u64, data: &[u8]) -> io::Result<usize> {
+    fs.write(
+        &ctx(0, 0),
+        ino,
+        fh,
+        &mut Payload(data.to_vec()),
+        data.len() as u32,
+        off,
+        None,
+        false,
+        0,
+        0,
+    )
+}
+
+fn read(fs: &CephFs, ino: u64, fh: u64, off: u64, len: u32) -> io::Result<Vec<u8>> {
+    let mut sink = Sink(Vec::new());
+    fs.read(&ctx(0, 0), ino, fh, &mut sink, len, off, None, 0)?;
+    Ok(sink.0)
+}
+
+fn open(fs: &CephFs, ino: u64, flags: i32) -> u64 {
+    fs.open(&ctx(0, 0), ino, flags as u32, 0)
+        .unwrap()
+        .0
+        .unwrap()
+}
+
+/// One READDIRPLUS reply of at most `size` bytes from `off`: the names and the offset to go on
+/// from (what the guest sends next).
+fn readdir_page(fs: &CephFs, dir: u64, fh: u64, off: u64, size: u32) -> (Vec<String>, u64) {
+    let (mut names, mut next) = (Vec::new(), off);
+    fs.readdirplus(&ctx(0, 0), dir, fh, size, off, &mut |d, _| {
+        next = d.offset;
+        let n = String::from_utf8_lossy(d.name).into_owned();
+        if n != "." && n != ".." {
+            names.push(n);
+        }
+        Ok(1)
+    })
+    .unwrap();
+    (names, next)
+}
+
+/// The contents of `/export/name`, read by a separate CephFS client.
+fn read_via_other_client(lab: &Lab, export: &str, name: &str) -> Vec<u8> {
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let mut dir = m.lookup_root().unwrap();
+    for part in Path::new(export).join(name).iter().skip(1) {
+        let part = CString::new(part.to_str().unwrap()).unwrap();
+        dir = m
+            .lookup(&dir, &part, CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap()
+            .0;
+    }
+    let f = m.open(&dir, libc::O_RDONLY, &perm).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let n = f.read(0, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// Remove `/export/name` through a separate client, and wait (bounded) until no client finds
+/// its inode by number any more: the MDS purges it once nobody holds it.
+fn delete_and_purge(lab: &Lab, export: &str, name: &str, ino: u64) {
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let dir = m.lookup_root().unwrap();
+    let (dir, _) = m
+        .lookup(&dir, &c(&export[1..]), CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    m.unlink(&dir, &c(name), &perm).unwrap();
+    drop(dir);
+    drop(m);
+    for _ in 0..300 {
+        let probe = lab.ceph();
+        if probe.lookup_vino(ino, u64::MAX - 1).is_err() {
+            return;
+        }
+        drop(probe);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("inode {ino:#x} of the deleted file is still found by number after 30 s");
+}
+
+#[test]
+fn a_session_moves_to_another_client_id_and_deleted_files_are_stale() {
+    let lab = Lab::get();
+    let name = format!("migrate-{}", std::process::id());
+    let export = format!("/{name}");
+    let a = common::fs_layer(&lab, &name);
+    let root = ctx(0, 0);
+
+    // The guest's session on A: a directory (looked up twice), files in it, an append-only
+    // log with data, a directory stream listed half-way, a file that will be deleted.
+    let d = a.mkdir(&root, 1, &c("d"), 0o755, 0).unwrap().inode;
+    assert_eq!(a.lookup(&root, 1, &c("d")).unwrap().inode, d);
+    for i in 0..12 {
+        let (ino, fh) = common::create_as(&a, &root, d, &c(&format!("f{i:02}")), 0o644);
+        a.release(&root, ino, 0, fh, false, false, None).unwrap();
+    }
+    let (log, created) = common::create_as(&a, &root, 1, &c("log"), 0o644);
+    a.release(&root, log, 0, created, false, false, None)
+        .unwrap();
+    let log_fh = open(&a, log, libc::O_WRONLY | libc::O_APPEND);
+    assert_eq!(write(&a, log, log_fh, 0, b"before ").unwrap(), 7);
+    a.fsync(&root, log, false, log_fh).unwrap();
+    let dir_fh = a.opendir(&root, d, 0).unwrap().0.unwrap();
+    // Room for a few entries only: the guest has seen a part of the directory.
+    let (first, pos) = readdir_page(&a, d, dir_fh, 0, 1000);
+    assert!(!first.is_empty() && first.len() < 12, "{first:?}");
+    let (gone, gone_created) = common::create_as(&a, &root, 1, &c("gone"), 0o644);
+    assert_eq!(write(&a, gone, gone_created, 0, b"doomed").unwrap(), 6);
+    let nodes_before = a.node_count();
+
+    // Source: the state, as SET_DEVICE_STATE_FD (save) writes it.
+    let bytes = a.save_state().unwrap();
+    println!("state: {} bytes for {nodes_before} nodes", bytes.len());
+    // The source ends its session (here before the deletion, so that nothing holds the
+    // deleted file and the MDS purges it); another client deletes the file meanwhile.
+    a.shutdown().unwrap();
+    delete_and_purge(&lab, &export, "gone", gone);
+
+    // Destination: another process, another cephx id.
+    let b = destination(&lab, &export, OnError::GuestError);
+    let report = b.load_state(&bytes).unwrap();
+    println!("load: {report}");
+    assert_eq!((report.lost_nodes, report.lost_handles), (1, 1), "{report}");
+    assert_eq!(b.node_count(), nodes_before - 1);
+
+    // Node ids go on: getattr, lookups in the restored directory, and the exact lookup count
+    // (two lookups of "d": FORGET of 2 drops it, no more, no less).
+    assert_eq!(b.getattr(&root, d, None).unwrap().0.st_ino, d);
+    assert!(b.lookup(&root, d, &c("f03")).unwrap().inode != 0);
+    // The write-only handle writes where the guest says (its kernel puts an O_APPEND write
+    // at the size it knows), and is still write-only: its open flags came along.
+    assert_eq!(write(&b, log, log_fh, 7, b"after").unwrap(), 5);
+    assert_eq!(errno(read(&b, log, log_fh, 0, 4)), libc::EBADF);
+    b.fsync(&root, log, false, log_fh).unwrap();
+    b.release(&root, log, 0, log_fh, true, false, None).unwrap();
+    assert_eq!(read_via_other_client(&lab, &export, "log"), b"before after");
+    // The directory stream goes on where the guest stopped: every name once.
+    let (mut rest, mut off) = (Vec::new(), pos);
+    loop {
+        let (page, next) = readdir_page(&b, d, dir_fh, off, 4096);
+        if page.is_empty() {
+            break;
+        }
+        rest.extend(page);
+        off = next;
+    }
+    let mut all: Vec<String> = first.iter().chain(rest.iter()).cloned().collect();
+    all.sort();
+    let want: Vec<String> = (0..12).map(|i| format!("f{i:02}")).collect();
+    assert_eq!(all, want, "first page {first:?}, rest {rest:?}");
+    b.releasedir(&root, d, 0, dir_fh).unwrap();
+    // The deleted file: its node and its handle are stale, and the handle's release says so
+    // once.
+    assert_eq!(errno(b.getattr(&root, gone, None)), libc::ESTALE);
+    assert_eq!(errno(read(&b, gone, gone_created, 0, 6)), libc::ESTALE);
+    assert_eq!(errno(write(&b, gone, gone_created, 0, b"x")), libc::ESTALE);
+    assert_eq!(b.stale_handle_count(), 1);
+    assert_eq!(
+        errno(b.release(&root, gone, 0, gone_created, false, false, None)),
+        libc::ESTALE
+    );
+    assert_eq!(b.stale_handle_count(), 0);
+    // New handles never take a number the guest holds.
+    let again = open(&b, log, libc::O_RDONLY);
+    assert!(![log_fh, dir_fh, gone_created].contains(&again));
+    assert_eq!(read(&b, log, again, 0, 64).unwrap(), b"before after");
+    b.release(&root, log, 0, again, false, false, None).unwrap();
+    // Lookups: the guest got "d" from MKDIR and from LOOKUP, so 2 were restored: the first
+    // FORGET leaves it, the second drops it.
+    b.forget(&root, d, 1);
+    assert!(b.getattr(&root, d, None).is_ok());
+    b.forget(&root, d, 1);
+    assert_eq!(errno(b.getattr(&root, d, None)), libc::ESTALE);
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn migration_on_error_abort_fails_the_load_and_leaves_no_session() {
+    let lab = Lab::get();
+    let name = format!("migrate-abort-{}", std::process::id());
+    let export = format!("/{name}");
+    let a = common::fs_layer(&lab, &name);
+    let root = ctx(0, 0);
+    let (kept, kept_fh) = common::create_as(&a, &root, 1, &c("kept"), 0o644);
+    let (gone, gone_fh) = common::create_as(&a, &root, 1, &c("gone"), 0o644);
+    let bytes = a.save_state().unwrap();
+    a.release(&root, kept, 0, kept_fh, false, false, None)
+        .unwrap();
+    a.release(&root, gone, 0, gone_fh, false, false, None)
+        .unwrap();
+    a.shutdown().unwrap();
+    delete_and_purge(&lab, &export, "gone", gone);
+
+    let b = destination(&lab, &export, OnError::Abort);
+    match b.load_state(&bytes) {
+        Err(MigrationError::Unresolved { lost, first }) => {
+            assert_eq!(lost, 2, "{first}");
+            assert!(first.contains(&format!("{gone:#x}")), "{first}");
+        }
+        other => panic!("abort expected, got {other:?}"),
+    }
+    // Nothing of the session stays: not the node that was found, nor its handle.
+    assert_eq!((b.node_count(), b.handle_count()), (1, 0));
+    assert_eq!(errno(b.getattr(&root, kept, None)), libc::ESTALE);
+    // A state of another export, or damaged bytes, are refused before anything is resolved.
+    let other = destination(&lab, "/", OnError::GuestError);
+    assert!(matches!(
+        other.load_state(&bytes),
+        Err(MigrationError::OtherExport { .. })
+    ));
+    assert!(matches!(
+        b.load_state(&bytes[..bytes.len() - 3]),
+        Err(MigrationError::Format(_))
+    ));
+    other.shutdown().unwrap();
+    b.shutdown().unwrap();
+}
+
+#[test]
+fn held_locks_refuse_the_migration_until_released() {
+    let lab = Lab::get();
+    let name = format!("migrate-locks-{}", std::process::id());
+    let a = common::fs_layer(&lab, &name);
+    let root = ctx(0, 0);
+    let (ino, fh) = common::create_as(&a, &root, 1, &c("locked"), 0o644);
+    let lock = |kind: i32| FileLock {
+        start: 0,
+        end: 99,
+        lock_type: kind as u32,
+        pid: 42,
+    };
+    // A POSIX lock.
+    a.setlk(&root, ino, fh, 7, lock(libc::F_WRLCK), 0).unwrap();
+    assert!(matches!(a.save_state(), Err(MigrationError::LocksHeld(1))));
+    a.setlk(&root, ino, fh, 7, lock(libc::F_UNLCK), 0).unwrap();
+    a.save_state().unwrap();
+    // A BSD lock.
+    a.setlk(&root, ino, fh, 7, lock(libc::F_RDLCK), LK_FLOCK)
+        .unwrap();
+    assert!(matches!(a.save_state(), Err(MigrationError::LocksHeld(1))));
+    a.setlk(&root, ino, fh, 7, lock(libc::F_UNLCK), LK_FLOCK)
+        .unwrap();
+    a.save_state().unwrap();
+    // The probe took nothing: the guest can lock again.
+    a.setlk(&root, ino, fh, 8, lock(libc::F_WRLCK), LK_FLOCK)
+        .unwrap();
+    a.shutdown().unwrap();
+}
+
+/// State size and time to resolve it, for `MIGRATION_NODES` nodes (default 1,000): figures
+/// for the README, printed (`--nocapture`), not asserted.
+#[test]
+fn state_size_and_load_time_for_many_nodes() {
+    let lab = Lab::get();
+    let count: usize = std::env::var("MIGRATION_NODES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
+    let name = format!("migrate-many-{}", std::process::id());
+    let export = format!("/{name}");
+    // Files made by another client, then listed by the guest (READDIRPLUS: one node each).
+    {
+        let m = lab.ceph();
+        let perm = UserPerm::root();
+        let top = m.lookup_root().unwrap();
+        let (dir, _) = m
+            .mkdir(&top, &c(&name), 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap();
+        let (sub, _) = m
+            .mkdir(&dir, &c("many"), 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap();
+        for i in 0..count {
+            m.mknod(
+                &sub,
+                &c(&format!("n{i:06}")),
+                libc::S_IFREG | 0o644,
+                0,
+                CEPH_STATX_BASIC_STATS,
+                0,
+                &perm,
+            )
+            .unwrap();
+        }
+    }
+    let mount = MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.mount(&export))
+        .unwrap();
+    let a = CephFs::new(mount, Default::default()).unwrap();
+    a.init(FsOptions::ASYNC_READ).unwrap();
+    let root = ctx(0, 0);
+    let many = a.lookup(&root, 1, &c("many")).unwrap().inode;
+    let fh = a.opendir(&root, many, 0).unwrap().0.unwrap();
+    let mut off = 0;
+    loop {
+        let mut got = 0;
+        a.readdirplus(&root, many, fh, 65536, off, &mut |d, _| {
+            off = d.offset;
+            got += 1;
+            Ok(1)
+        })
+        .unwrap();
+        if got == 0 {
+            break;
+        }
+    }
+    assert_eq!(a.node_count(), count + 2, "root, many and its files");
+    let t = Instant::now();
+    let bytes = a.save_state().unwrap();
+    let save = t.elapsed();
+    a.shutdown().unwrap();
+    let b = destination(&lab, &export, OnError::Abort);
+    let t = Instant::now();
+    let report = b.load_state(&bytes).unwrap();
+    let load = t.elapsed();
+    println!(
+        "MIGRATION FIGURES nodes={} state_bytes={} save_ms={} load_ms={} ({report})",
+        count + 1,
+        bytes.len(),
+        save.as_millis(),
+        load.as_millis()
+    );
+    assert_eq!(report.nodes, count + 1);
+    assert_eq!(b.node_count(), count + 2);
+    b.shutdown().unwrap();
+}
