@@ -37,6 +37,9 @@ impl Migration {
     }
 }
 
+/// Threads that look the nodes up on the destination.
+const RESOLVERS: usize = 8;
+
 /// The lock owner a lock probe asks as: nobody's (a guest's owners are kernel pointers).
 const PROBE_OWNER: u64 = u64::MAX;
 
@@ -175,25 +178,12 @@ impl CephFs {
             (crate::quarantine::UNSURE, g.generation().wrapping_sub(1))
         });
         let mut restored: HashMap<u64, Arc<Node>> = HashMap::with_capacity(state.nodes.len());
-        for n in &state.nodes {
+        let found = self.resolve_all(&state.nodes, &perm);
+        for (n, found) in state.nodes.iter().zip(found) {
             let vino = Vino {
                 ino: n.ino,
                 snapid: n.snapid,
             };
-            let found = self
-                .mount
-                .lookup_vino(vino.ino, vino.snapid)
-                .map_err(io::Error::from)
-                .and_then(|inode| {
-                    let st = self
-                        .mount
-                        .getattr(&inode, CEPH_STATX_MODE, 0, &perm)
-                        .map_err(io::Error::from)?;
-                    if kind_of(&st) != n.kind {
-                        return Err(errno(libc::ESTALE));
-                    }
-                    Ok(inode)
-                });
             let inode = match found {
                 Ok(inode) => inode,
                 Err(e) => {
@@ -272,6 +262,46 @@ impl CephFs {
         }
         tracing::info!("migration: session loaded: {report}");
         Ok(report)
+    }
+
+    /// Find every node's inode by number, on a few threads: each lookup an inode libcephfs
+    /// does not hold yet is an MDS round trip, and libcephfs lets other calls run while one
+    /// waits for its reply. The results come in the order of `nodes`.
+    fn resolve_all(
+        &self,
+        nodes: &[NodeState],
+        perm: &ceph_client::UserPerm,
+    ) -> Vec<io::Result<Inode>> {
+        let chunk = nodes.len().div_ceil(RESOLVERS).max(1);
+        std::thread::scope(|s| {
+            let jobs: Vec<_> = nodes
+                .chunks(chunk)
+                .map(|part| {
+                    let job = s.spawn(move || {
+                        part.iter()
+                            .map(|n| self.resolve(n, perm))
+                            .collect::<Vec<_>>()
+                    });
+                    (part.len(), job)
+                })
+                .collect();
+            jobs.into_iter()
+                .flat_map(|(len, job)| {
+                    job.join()
+                        .unwrap_or_else(|_| (0..len).map(|_| Err(errno(libc::EIO))).collect())
+                })
+                .collect()
+        })
+    }
+
+    /// The inode of a saved node, if it is still the same type of file.
+    fn resolve(&self, n: &NodeState, perm: &ceph_client::UserPerm) -> io::Result<Inode> {
+        let inode = self.mount.lookup_vino(n.ino, n.snapid)?;
+        let st = self.mount.getattr(&inode, CEPH_STATX_MODE, 0, perm)?;
+        if kind_of(&st) != n.kind {
+            return Err(errno(libc::ESTALE));
+        }
+        Ok(inode)
     }
 
     /// Open a handle again as it was on the source: a file with its flags (but those that
