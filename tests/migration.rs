@@ -425,3 +425,37 @@ fn state_size_and_load_time_for_many_nodes() {
     assert_eq!(b.node_count(), count + 2);
     b.shutdown().unwrap();
 }
+
+/// A file another client deletes while the source still holds it open: the MDS keeps it (in
+/// its stray directory) while a client holds it, so the destination finds it by number, and
+/// the guest's open file goes on, as on a local filesystem.
+#[test]
+fn a_file_deleted_while_the_source_holds_it_stays_open() {
+    let lab = Lab::get();
+    let name = format!("migrate-held-{}", std::process::id());
+    let export = format!("/{name}");
+    let a = common::fs_layer(&lab, &name);
+    let root = ctx(0, 0);
+    let (ino, fh) = common::create_as(&a, &root, 1, &c("unlinked"), 0o644);
+    assert_eq!(write(&a, ino, fh, 0, b"still here").unwrap(), 10);
+    a.fsync(&root, ino, false, fh).unwrap();
+    let bytes = a.save_state().unwrap();
+    // Deleted by another client; the source (alive, as during a migration) holds it.
+    {
+        let m = lab.ceph();
+        let perm = UserPerm::root();
+        let top = m.lookup_root().unwrap();
+        let (dir, _) = m
+            .lookup(&top, &c(&name), CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap();
+        m.unlink(&dir, &c("unlinked"), &perm).unwrap();
+    }
+    let b = destination(&lab, &export, OnError::Abort);
+    let report = b.load_state(&bytes).unwrap();
+    assert_eq!((report.lost_nodes, report.lost_handles), (0, 0), "{report}");
+    a.shutdown().unwrap();
+    assert_eq!(read(&b, ino, fh, 0, 64).unwrap(), b"still here");
+    assert_eq!(b.getattr(&root, ino, None).unwrap().0.st_nlink, 0);
+    b.release(&root, ino, 0, fh, false, false, None).unwrap();
+    b.shutdown().unwrap();
+}

@@ -542,7 +542,10 @@ impl Config {
             queues,
             poll_us,
             keep_serving: args.keep_serving || file.vhost_user.keep_serving.unwrap_or(false),
-            migration_on_error: match args.migration_on_error {
+            migration_on_error: match args
+                .migration_on_error
+                .or(file.vhost_user.migration_on_error)
+            {
                 Some(crate::args::MigrationOnError::Abort) => crate::migration::OnError::Abort,
                 Some(crate::args::MigrationOnError::GuestError) | None => {
                     crate::migration::OnError::GuestError
@@ -634,6 +637,30 @@ mod tests {
             argv.extend(bad);
             assert!(matches!(parse(&argv), Err(ConfigError::BadLimit(..))));
         }
+    }
+
+    #[test]
+    fn migration_on_error_from_the_command_line_or_the_file() {
+        use crate::migration::OnError;
+        let c = parse(&["--socket-path", "/tmp/s"]).unwrap();
+        assert_eq!(c.migration_on_error, OnError::GuestError);
+        let c = parse(&["--socket-path", "/tmp/s", "--migration-on-error", "abort"]).unwrap();
+        assert_eq!(c.migration_on_error, OnError::Abort);
+        let file: FileConfig =
+            toml::from_str("[vhost-user]\nmigration-on-error = \"abort\"\n").unwrap();
+        let args = Args::try_parse_from(["ceph-virtiofsd", "--socket-path", "/tmp/s"]).unwrap();
+        assert_eq!(
+            Config::merge(args, file).unwrap().migration_on_error,
+            OnError::Abort
+        );
+        assert!(Args::try_parse_from([
+            "ceph-virtiofsd",
+            "--socket-path",
+            "/tmp/s",
+            "--migration-on-error",
+            "retry"
+        ])
+        .is_err());
     }
 
     #[test]
