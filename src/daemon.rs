@@ -251,7 +251,7 @@ where
 {
     loop {
         backend.reset_connection();
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<crate::vhost_user::GuestBitmap>::new());
         let mut daemon = VhostUserDaemon::new("ceph-virtiofsd".to_owned(), backend.clone(), mem)
             .map_err(|e| DaemonError::CreateDaemon(e.to_string()))?;
         daemon

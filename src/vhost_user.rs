@@ -64,11 +64,14 @@ pub const MAX_TAG_LEN: usize = 36;
 /// Most request queues we offer (one vhost-user worker thread per queue, 64-bit queue masks).
 pub const MAX_REQUEST_QUEUES: u16 = 63;
 
+/// The dirty-page bitmap of guest memory: every write into it is logged while the frontend
+/// migrates the guest (VHOST_USER_SET_LOG_BASE), and a no-op otherwise.
+pub type GuestBitmap = vhost_user_backend::bitmap::BitmapMmapRegion;
 /// Guest memory as vhost-user-backend hands it to us.
-pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<GuestBitmap>>;
 /// One virtqueue's state, shared between the queue thread and workers.
 pub type Vring = VringMutex<GuestMem>;
-type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
+type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<GuestBitmap>>;
 
 /// Index of the hiprio queue.
 pub const HIPRIO_QUEUE: usize = 0;
@@ -820,7 +823,7 @@ impl<F> VhostUserBackend for VhostUserFsBackend<F>
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
 {
-    type Bitmap = ();
+    type Bitmap = GuestBitmap;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -836,6 +839,12 @@ where
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | if self.inner.device_state.get().is_some() {
+                // Migration: the guest memory we write is logged (see `GuestBitmap`).
+                VhostUserVirtioFeatures::LOG_ALL.bits()
+            } else {
+                0
+            }
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -844,7 +853,7 @@ where
             f |= VhostUserProtocolFeatures::CONFIG;
         }
         if self.inner.device_state.get().is_some() {
-            f |= VhostUserProtocolFeatures::DEVICE_STATE;
+            f |= VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD;
         }
         f
     }

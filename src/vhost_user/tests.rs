@@ -280,14 +280,14 @@ impl ExtraOps for TestFs {
 
 /// The guest driver's side of one queue.
 struct Driver<'a> {
-    gm: &'a GuestMemoryMmap<()>,
-    mq: MockSplitQueue<'a, GuestMemoryMmap<()>>,
+    gm: &'a GuestMemoryMmap<GuestBitmap>,
+    mq: MockSplitQueue<'a, GuestMemoryMmap<GuestBitmap>>,
     next_desc: u16,
     next_data: u64,
 }
 
 impl<'a> Driver<'a> {
-    fn new(gm: &'a GuestMemoryMmap<()>) -> Self {
+    fn new(gm: &'a GuestMemoryMmap<GuestBitmap>) -> Self {
         Driver {
             gm,
             mq: MockSplitQueue::create(gm, GuestAddress(0), QSIZE),
@@ -474,8 +474,8 @@ fn polling_backend() -> VhostUserFsBackend<TestFs> {
     VhostUserFsBackend::new(Arc::new(TestFs::default()), &options).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn memory() -> (Arc<GuestMemoryMmap<()>>, GuestMem) {
-    let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
+fn memory() -> (Arc<GuestMemoryMmap<GuestBitmap>>, GuestMem) {
+    let gm = GuestMemoryMmap::<GuestBitmap>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
         .unwrap_or_else(|e| panic!("{e}"));
     let gm = Arc::new(gm);
     let atomic = GuestMemoryAtomic::from(gm.clone());
@@ -1585,10 +1585,13 @@ fn device_state_moves_through_set_device_state_fd_and_check() {
     assert!(!src
         .protocol_features()
         .contains(VhostUserProtocolFeatures::DEVICE_STATE));
+    assert_eq!(src.features() & VhostUserVirtioFeatures::LOG_ALL.bits(), 0);
     src.enable_migration(src_fs.clone());
+    // QEMU migrates a vhost-user device only if it logs the guest memory it writes.
     assert!(src
         .protocol_features()
-        .contains(VhostUserProtocolFeatures::DEVICE_STATE));
+        .contains(VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD));
+    assert_ne!(src.features() & VhostUserVirtioFeatures::LOG_ALL.bits(), 0);
     let a = src_fs.handles.insert(5);
     let b = src_fs.handles.insert(6);
 
