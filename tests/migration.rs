@@ -459,3 +459,406 @@ fn a_file_deleted_while_the_source_holds_it_stays_open() {
     b.release(&root, ino, 0, fh, false, false, None).unwrap();
     b.shutdown().unwrap();
 }
+
+// ---- a real guest under QEMU 10 -------------------------------------------------------------
+
+/// One QEMU with a QMP socket; killed (by pid) when dropped.
+struct Qemu {
+    child: std::process::Child,
+    qmp: std::path::PathBuf,
+    console: std::path::PathBuf,
+}
+
+impl Drop for Qemu {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Qemu {
+    fn start(
+        qemu: &Path,
+        work: &Path,
+        name: &str,
+        daemon: &common::Daemon,
+        kernel: &Path,
+        initrd: &Path,
+        incoming: Option<&Path>,
+    ) -> Qemu {
+        let qmp = work.join(format!("{name}.qmp"));
+        let console = work.join(format!("{name}.console"));
+        let _ = std::fs::remove_file(&qmp);
+        let mut cmd = std::process::Command::new(qemu);
+        cmd.args([
+            "-accel",
+            "tcg",
+            "-M",
+            "pc,memory-backend=mem",
+            "-smp",
+            "1",
+            "-m",
+            "512M",
+        ])
+        .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
+        .arg("-chardev")
+        .arg(format!("socket,id=char0,path={}", daemon.socket.display()))
+        .args(["-device", "vhost-user-fs-pci,chardev=char0,tag=cephfs"])
+        .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=0x04"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initrd)
+        .args(["-append", "console=ttyS0 quiet panic=-1 vfs_tag=cephfs"])
+        .args(["-nodefaults", "-display", "none", "-no-reboot"])
+        .arg("-serial")
+        .arg(format!("file:{}", console.display()))
+        .arg("-qmp")
+        .arg(format!("unix:{},server=on,wait=off", qmp.display()));
+        if let Some(sock) = incoming {
+            cmd.arg("-incoming").arg(format!("unix:{}", sock.display()));
+        }
+        let child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(std::fs::File::create(work.join(format!("{name}.out"))).unwrap())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("start QEMU 10");
+        let q = Qemu {
+            child,
+            qmp,
+            console,
+        };
+        q.wait_for(|| q.qmp.exists(), 60, "QMP socket");
+        q
+    }
+
+    fn console(&self) -> String {
+        std::fs::read_to_string(&self.console).unwrap_or_default()
+    }
+
+    /// Wait (bounded: a precondition, not a measurement) until `ready`; panic with the console.
+    fn wait_for(&self, ready: impl Fn() -> bool, secs: u64, what: &str) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(secs);
+        while !ready() {
+            assert!(
+                !self.console().contains("GUEST-RESULT") || what == "GUEST-RESULT",
+                "the guest ended before {what}; console:\n{}",
+                self.console()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "{what} not seen within {secs} s; console:\n{}",
+                self.console()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    /// Send QMP commands; their answers.
+    fn qmp(&self, cmds: &[serde_json::Value]) -> Vec<serde_json::Value> {
+        use std::io::{BufRead, BufReader, Write};
+        let s = std::os::unix::net::UnixStream::connect(&self.qmp).expect("connect QMP");
+        let mut r = BufReader::new(s.try_clone().unwrap());
+        let mut w = s;
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap(); // greeting
+        let mut out = Vec::new();
+        let all = std::iter::once(serde_json::json!({"execute": "qmp_capabilities"}))
+            .chain(cmds.iter().cloned());
+        for c in all {
+            writeln!(w, "{c}").unwrap();
+            loop {
+                line.clear();
+                r.read_line(&mut line).unwrap();
+                let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if v.get("return").is_some() || v.get("error").is_some() {
+                    out.push(v);
+                    break;
+                }
+            }
+        }
+        out.remove(0);
+        out
+    }
+
+    /// Migrate to `sock` and wait for the end: the final `query-migrate` answer.
+    fn migrate(&self, sock: &Path) -> serde_json::Value {
+        let r = self.qmp(&[serde_json::json!({"execute": "migrate",
+            "arguments": {"uri": format!("unix:{}", sock.display())}})]);
+        assert!(r[0].get("return").is_some(), "migrate: {}", r[0]);
+        loop {
+            let q = self.qmp(&[serde_json::json!({"execute": "query-migrate"})]);
+            let st = q[0]["return"]["status"].as_str().unwrap_or("").to_owned();
+            if ![
+                "setup",
+                "active",
+                "device",
+                "pre-switchover",
+                "wait-unplug",
+                "",
+            ]
+            .contains(&st.as_str())
+            {
+                return q[0]["return"].clone();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+}
+
+/// A file in the export, created by a separate client (the host's signals to the guest).
+fn touch_via_other_client(lab: &Lab, export: &str, name: &str) {
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let top = m.lookup_root().unwrap();
+    let (dir, _) = m
+        .lookup(&top, &c(&export[1..]), CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    m.mknod(
+        &dir,
+        &c(name),
+        libc::S_IFREG | 0o644,
+        0,
+        CEPH_STATX_BASIC_STATS,
+        0,
+        &perm,
+    )
+    .unwrap();
+}
+
+/// Entries of the directory the guest lists half-way across the migration: more than one
+/// READDIRPLUS page (about 25 entries of 4 KiB), so the rest comes from the destination.
+const DIR_ENTRIES: usize = 60;
+
+/// A static guest program: takes a BSD lock on `lockfile` and holds it until `release`
+/// exists, reads a few entries of `dir` before the migration and the rest after `stop` exists,
+/// and checks it saw each of the `count` entries once.
+const HOLDER_C: &str = r#"
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    if (argc != 6) return 2;
+    int fd = open(argv[1], O_RDWR | O_CREAT, 0644);
+    if (fd < 0 || flock(fd, LOCK_EX)) { perror("lock"); return 3; }
+    puts("LOCK-HELD"); fflush(stdout);
+    DIR *d = opendir(argv[3]);
+    if (!d) { perror("opendir"); return 4; }
+    int seen = 0; struct dirent *e;
+    while (seen < 3 && (e = readdir(d))) if (e->d_name[0] != '.') seen++;
+    printf("DIR-HALF seen=%d\n", seen); fflush(stdout);
+    while (access(argv[2], F_OK)) usleep(200000);
+    if (flock(fd, LOCK_UN)) { perror("unlock"); return 6; }
+    close(fd);
+    puts("LOCK-RELEASED"); fflush(stdout);
+    while (access(argv[4], F_OK)) usleep(200000);
+    while ((e = readdir(d))) if (e->d_name[0] != '.') seen++;
+    printf("DIR-DONE seen=%d\n", seen); fflush(stdout);
+    closedir(d);
+    return seen == atoi(argv[5]) ? 0 : 5;
+}
+"#;
+
+/// The guest's workload: its cwd in the share, the holder above in the background, an
+/// appending writer that fsyncs each line until the host says stop, and a reader that checks
+/// every line at the end.
+const GUEST_WORKLOAD: &str = r#"
+mkdir -p work/dir && cd work || exit 10
+i=0
+while [ $i -lt 60 ]; do : > dir/entry-$i; i=$((i+1)); done
+/bin/holdlock lockfile /mnt/release dir /mnt/stop 60 &
+holder=$!
+exec 3>>log
+echo WORKLOAD-STARTED
+i=0
+while [ ! -e /mnt/stop ]; do
+  echo "line $i" >&3 || exit 13
+  sync -d log || exit 11
+  i=$((i+1))
+done
+exec 3>&-
+wait $holder || { echo "HOLDER-FAILED $?"; exit 15; }
+n=$(wc -l < log)
+echo "WORKLOAD-DONE lines=$n written=$i"
+[ "$n" = "$i" ] || exit 12
+j=0
+while read -r l; do
+  [ "$l" = "line $j" ] || { echo "BAD-LINE $j: $l"; exit 14; }
+  j=$((j+1))
+done < log
+exit 0
+"#;
+
+/// The issue's test: a guest under QEMU 10 (TCG) with a workload migrates from QEMU A +
+/// daemon A (client.admin) to QEMU B + daemon B (client.migdst) on this host. While the guest
+/// holds a lock the migration fails and the guest keeps running on A; once it is released the
+/// migration completes, the workload finishes on B, every byte is checked through a separate
+/// client, and daemon A ends its MDS session cleanly. Downtime and state size are printed.
+#[test]
+fn guest_migrates_between_daemons_under_qemu10() {
+    let lab = Lab::get();
+    let name = format!("migrate-guest-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let out = std::process::Command::new(lab.top.join("tests/lab/qemu10"))
+        .arg(lab.dir.join("qemu10"))
+        .output()
+        .expect("run tests/lab/qemu10");
+    assert!(
+        out.status.success(),
+        "tests/lab/qemu10: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let qemu = std::path::PathBuf::from(String::from_utf8(out.stdout).unwrap().trim());
+    let kernel = if lab.kernel_cache.join(".complete").exists() {
+        lab.kernel_cache.join("vmlinux")
+    } else {
+        lab.kernel_cache.join("bookworm/vmlinux")
+    };
+    let script = work.join("test.sh");
+    std::fs::write(&script, GUEST_WORKLOAD).unwrap();
+    let holder = work.join("holdlock");
+    std::fs::write(work.join("holdlock.c"), HOLDER_C).unwrap();
+    let st = std::process::Command::new("gcc")
+        .args(["-static", "-O2", "-o"])
+        .arg(&holder)
+        .arg(work.join("holdlock.c"))
+        .status()
+        .expect("run gcc (static guest program)");
+    assert!(st.success(), "gcc: {st}");
+    let initrd = work.join("initramfs.cpio.gz");
+    let st = std::process::Command::new(lab.top.join("tests/lab/guest/build-initramfs"))
+        .arg("--kernel-cache")
+        .arg(&lab.kernel_cache)
+        .arg("--out")
+        .arg(&initrd)
+        .arg("--script")
+        .arg(&script)
+        .arg("--add")
+        .arg(format!("{}:/bin/holdlock", holder.display()))
+        .status()
+        .unwrap();
+    assert!(st.success(), "build-initramfs: {st}");
+
+    let (wa, wb) = (work.join("a"), work.join("b"));
+    std::fs::create_dir_all(&wa).unwrap();
+    std::fs::create_dir_all(&wb).unwrap();
+    let mut daemon_a = common::Daemon::start(&lab, &wa, &export, &["--seccomp", "none"]);
+    let keyring = dest_keyring(&lab);
+    let lab_b = Lab {
+        conf: lab.conf.clone(),
+        client_id: DEST_ID.into(),
+        kernel_cache: lab.kernel_cache.clone(),
+        guest_bin: lab.guest_bin.clone(),
+        dir: lab.dir.clone(),
+        top: lab.top.clone(),
+    };
+    // --keep-serving: the first, failed, migration ends the first destination QEMU.
+    let daemon_b = common::Daemon::start(
+        &lab_b,
+        &wb,
+        &export,
+        &[
+            "--seccomp",
+            "none",
+            "--keep-serving",
+            "--keyring",
+            keyring.to_str().unwrap(),
+        ],
+    );
+    let mig = work.join("migration.sock");
+    let qa = Qemu::start(&qemu, &work, "qemu-a", &daemon_a, &kernel, &initrd, None);
+    qa.wait_for(
+        || qa.console().contains("DIR-HALF") && qa.console().contains("WORKLOAD-STARTED"),
+        300,
+        "DIR-HALF and WORKLOAD-STARTED",
+    );
+
+    // 1. The guest holds a lock: the source refuses to save, QEMU fails the migration, and
+    //    the guest goes on running on A.
+    let qb = Qemu::start(
+        &qemu,
+        &work,
+        "qemu-b1",
+        &daemon_b,
+        &kernel,
+        &initrd,
+        Some(&mig),
+    );
+    let failed = qa.migrate(&mig);
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let status = qa.qmp(&[serde_json::json!({"execute": "query-status"})]);
+    assert_eq!(status[0]["return"]["status"], "running", "{}", status[0]);
+    drop(qb);
+    assert!(
+        daemon_a.log_text().contains("file lock"),
+        "{}",
+        daemon_a.log_text()
+    );
+
+    // 2. The lock is released; the migration completes.
+    touch_via_other_client(&lab, &export, "release");
+    qa.wait_for(
+        || qa.console().contains("LOCK-RELEASED"),
+        120,
+        "LOCK-RELEASED",
+    );
+    let qb = Qemu::start(
+        &qemu,
+        &work,
+        "qemu-b2",
+        &daemon_b,
+        &kernel,
+        &initrd,
+        Some(&mig),
+    );
+    let done = qa.migrate(&mig);
+    assert_eq!(done["status"], "completed", "{done}");
+    let _ = qa.qmp(&[serde_json::json!({"execute": "quit"})]);
+    drop(qa);
+
+    // 3. The workload goes on on B, then stops; every line is checked in the guest and here.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    touch_via_other_client(&lab, &export, "stop");
+    qb.wait_for(
+        || qb.console().contains("GUEST-RESULT"),
+        300,
+        "GUEST-RESULT",
+    );
+    let console = qb.console();
+    assert!(console.contains("GUEST-RESULT: rc=0"), "{console}");
+    assert!(
+        console.contains(&format!("DIR-DONE seen={DIR_ENTRIES}")),
+        "{console}"
+    );
+    let n: usize = console
+        .split("WORKLOAD-DONE lines=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .expect("line count");
+    let data = read_via_other_client(&lab, &export, "work/log");
+    let want: String = (0..n).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&data), want);
+
+    // 4. Daemon A's frontend is gone: it unmounted (its MDS session ended) and exited 0.
+    let st = daemon_a.stop().expect("daemon A status");
+    assert!(st.success(), "{st}: {}", daemon_a.log_text());
+    let log_a = daemon_a.log_text();
+    assert!(log_a.contains("CephFS unmounted"), "{log_a}");
+    let saved = log_a
+        .lines()
+        .find(|l| l.contains("session saved"))
+        .unwrap_or_default()
+        .to_owned();
+    println!(
+        "MIGRATION GUEST downtime_ms={} total_ms={} lines={n}\n  {saved}",
+        done["downtime"], done["total-time"]
+    );
+    drop(daemon_b);
+}
