@@ -856,8 +856,14 @@ fn guest_migrates_between_daemons_under_qemu10() {
         .find(|l| l.contains("session saved"))
         .unwrap_or_default()
         .to_owned();
+    let loaded = daemon_b
+        .log_text()
+        .lines()
+        .find(|l| l.contains("device state loaded"))
+        .unwrap_or_default()
+        .to_owned();
     println!(
-        "MIGRATION GUEST downtime_ms={} total_ms={} lines={n}\n  {saved}",
+        "MIGRATION GUEST downtime_ms={} total_ms={} lines={n}\n  {saved}\n  {loaded}",
         done["downtime"], done["total-time"]
     );
     drop(daemon_b);
