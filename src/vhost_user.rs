@@ -183,6 +183,9 @@ struct Inner<F: FileSystem + Send + Sync> {
     device_state: OnceLock<Arc<dyn DeviceState>>,
     /// The state transfer under way (SET_DEVICE_STATE_FD), joined by CHECK_DEVICE_STATE.
     transfer: Mutex<Option<JoinHandle<Result<(), MigrationError>>>>,
+    /// The frontend logs dirty pages (it acked VHOST_F_LOG_ALL): a migration is under way,
+    /// and requests are served with their vring locked (see `drain_queue_locked`).
+    logging: AtomicBool,
 }
 
 /// Polling state of one queue (only its own thread takes the lock).
@@ -316,6 +319,7 @@ where
                     .collect(),
                 device_state: OnceLock::new(),
                 transfer: Mutex::new(None),
+                logging: AtomicBool::new(false),
             }),
         })
     }
@@ -435,6 +439,9 @@ where
     /// path walk, a create) then costs no hand-off and no wake-up, while a burst of requests
     /// that wait for the MDS still spreads over the workers.
     fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+        if self.inner.logging.load(Ordering::Acquire) {
+            return self.drain_queue_locked(vring, mem, queue);
+        }
         let mut last: Option<Pending> = None;
         loop {
             if self.inner.closed.load(Ordering::Acquire) {
@@ -476,6 +483,69 @@ where
         }
         if let Some(p) = last {
             self.serve(p, vring, queue);
+        }
+    }
+
+    /// [`Self::drain_queue`] during a migration: each request is served from pop to used with
+    /// the vring locked, on this thread. QEMU stops the rings (GET_VRING_BASE, which takes the
+    /// same lock) before it sends the last dirty pages and then the device state: a request
+    /// answered after that would reach neither the guest's memory on the destination nor its
+    /// used index, and the guest would wait for it forever. Holding the lock makes the stop wait
+    /// for the request in hand (the guest is paused by then, so no more come). SETLKW, which may
+    /// wait for the guest's own unlock, still goes to a worker.
+    fn drain_queue_locked(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+        let guard = mem.memory();
+        loop {
+            if self.inner.closed.load(Ordering::Acquire) {
+                break;
+            }
+            let mut state = vring.get_mut();
+            let Some(chain) = state.get_queue_mut().pop_descriptor_chain(guard.clone()) else {
+                break;
+            };
+            let pending = Pending {
+                in_flight: self.inner.in_flight.enter(),
+                depth: metrics::global().queue_enter(queue),
+                header: read_header(&guard, &chain),
+                guard: guard.clone(),
+                chain,
+            };
+            if pending.opcode() == Some(FUSE_SETLKW) {
+                drop(state);
+                if let Some(pool) = self.inner.pool.as_ref().or(self.inner.waits_pool.as_ref()) {
+                    self.submit(pool, vring, pending, queue, true);
+                } else {
+                    pending.serve(&self.inner.server, vring, queue, None);
+                }
+                continue;
+            }
+            bounce::warm();
+            let head = pending.chain.head_index();
+            let used = match serve_chain(
+                &self.inner.server,
+                &pending.guard,
+                pending.chain.clone(),
+                pending.header,
+                queue,
+            ) {
+                Ok(n) => u32::try_from(n).unwrap_or(0),
+                Err(e) => {
+                    if !matches!(e, ChainError::Server(_)) {
+                        metrics::global().record_malformed();
+                    }
+                    warn!(queue, head, error = %error_chain(&e), "Malformed request; returning it unanswered");
+                    0
+                }
+            };
+            if let Err(e) = state.add_used(head, used) {
+                warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
+                continue;
+            }
+            if !matches!(state.needs_notification(), Ok(false)) {
+                if let Err(e) = state.signal_used_queue() {
+                    warn!(queue, error = %e, "Cannot notify the guest");
+                }
+            }
         }
     }
 
@@ -870,6 +940,13 @@ where
 
     fn check_device_state(&self) -> io::Result<()> {
         self.finish_transfer()
+    }
+
+    fn acked_features(&self, features: u64) {
+        let logging = features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
+        if self.inner.logging.swap(logging, Ordering::AcqRel) != logging {
+            debug!(logging, "dirty page logging changed");
+        }
     }
 
     fn set_event_idx(&self, enabled: bool) {

@@ -1673,3 +1673,31 @@ fn without_migration_the_device_state_messages_are_refused() {
         )
         .is_err());
 }
+
+/// While the frontend logs dirty pages (a migration), every request is answered before the
+/// queue thread lets go of the vring: nothing is in flight when QEMU stops the rings.
+#[test]
+fn while_logging_requests_are_answered_with_the_vring_held() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(2, None);
+    backend.update_memory(mem.clone()).unwrap();
+    backend.enable_migration(fs.clone());
+    backend.acked_features(backend.features());
+    driver.submit(&init_request(1), 256);
+    for i in 0..8u64 {
+        let getattr = request(FUSE_GETATTR, 2 + i, ROOT_ID, GetattrIn::default());
+        driver.submit(&getattr, 256);
+    }
+    kick(&backend, &vring, 1);
+    // No drain: all nine were answered on the queue thread before the kick returned.
+    assert_eq!(driver.used_idx(), 9);
+    assert_eq!(backend.inner.in_flight.count.load(Ordering::Acquire), 0);
+    let served = fs.served.lock().unwrap().clone();
+    assert_eq!(served.len(), 8);
+    assert!(served.iter().all(|&(_, worker)| !worker), "{served:?}");
+    // Logging off: back to the workers.
+    backend.acked_features(backend.features() & !VhostUserVirtioFeatures::LOG_ALL.bits());
+    assert!(!backend.inner.logging.load(Ordering::Acquire));
+}
