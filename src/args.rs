@@ -275,6 +275,15 @@ pub struct Args {
     #[arg(long, value_name = "KEY=VALUE", action = ArgAction::Append)]
     pub ceph_opt: Vec<String>,
 
+    /// Stable identity of this device's CephFS session (letters, digits and . _ - : @, at
+    /// most 64). A daemon started with the same NAME and client id ends the session its
+    /// predecessor left behind (killed or crashed) before it mounts, so that the old caps and
+    /// file locks stop blocking other clients at once instead of after the MDS session
+    /// timeout. Only one running daemon may use a NAME: a second one ends the first one's
+    /// session. Default: none (no reclaim).
+    #[arg(long, value_name = "NAME")]
+    pub instance_id: Option<String>,
+
     /// Give up connecting/mounting after SECS seconds (default: 30).
     #[arg(long, value_name = "SECS")]
     pub mount_timeout: Option<u64>,

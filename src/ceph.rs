@@ -37,6 +37,36 @@ pub struct CephAccess {
     pub options: Vec<(String, String)>,
     /// libcephfs's `client_mount_timeout`; zero = libcephfs's default.
     pub mount_timeout: Duration,
+    /// The stable uuid of the sessions of mounts made through this access (see
+    /// [`session_uuid`]): before mounting, the session that has it (left behind by a daemon
+    /// that was killed or crashed) is ended at once, releasing its caps and file locks, and the
+    /// new session takes it over for the next start to find. `None`: no reclaim. Only for an
+    /// access whose mounts never live at the same time: the MDS refuses a session with the uuid
+    /// of a live one, and a reclaim with it ends whichever session has it.
+    pub session_uuid: Option<String>,
+}
+
+/// The CephFS session uuid of the device `instance_id` (`--instance-id`) served as cephx user
+/// `cephx_name` ("client.vm1"): `ceph-virtiofsd/client.vm1/INSTANCE`, and for the daemon's
+/// other long-lived session, the quarantine watcher's, `ceph-virtiofsd/client.vm1/INSTANCE/
+/// quarantine`. The MDS keeps it in the session's client metadata (`ceph tell mds.* session
+/// ls` shows it as `uuid`); a restarted daemon ends the session that has it. The cephx name is
+/// part of it because the MDS lets only the same cephx user end a session: two users that pick
+/// the same instance id do not meet.
+pub fn session_uuid(cephx_name: &str, instance_id: &str) -> String {
+    format!("ceph-virtiofsd/{cephx_name}/{instance_id}")
+}
+
+/// A duration option of the not yet mounted client, in whole seconds (at least 1; libcephfs's
+/// default `client_mount_timeout`, 300 s, if it cannot be read).
+fn conf_secs(b: &MountBuilder, key: &str) -> Duration {
+    let secs = b
+        .conf_get(key)
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s >= 1.0)
+        .unwrap_or(300.0);
+    Duration::from_secs_f64(secs.min(86_400.0))
 }
 
 /// libcephfs options whose value is a secret (the cephx key itself): never printed.
@@ -66,6 +96,7 @@ impl std::fmt::Debug for CephAccess {
             .field("fs_name", &self.fs_name)
             .field("options", &options)
             .field("mount_timeout", &self.mount_timeout)
+            .field("session_uuid", &self.session_uuid)
             .finish()
     }
 }
@@ -108,7 +139,42 @@ impl CephAccess {
         if let Some(h) = handler {
             b = b.register_callbacks(h);
         }
-        b.mount(root)
+        let Some(uuid) = &self.session_uuid else {
+            return b.mount(root);
+        };
+        // Reset, the only reclaim the MDS implements: the old session ends, and nothing of it
+        // is taken over (the guest's state is rebuilt by the guest, or handed over).
+        b = b
+            .reclaim(uuid, ceph_client::CEPH_RECLAIM_RESET)?
+            .set_uuid(uuid)?;
+        // `ceph_start_reclaim` waits for an active MDS without any timeout of its own (with the
+        // file system down, a start hung past --mount-timeout until it came back), while
+        // `ceph_mount` gives up after `client_mount_timeout`. Bounded here: the reclaim gets
+        // that timeout and the mount its own after it. On expiry the call stays blocked in its
+        // thread (it cannot be cancelled) and releases the handle if it ever returns; the
+        // caller is expected to give up, as the daemon's start does.
+        let bound = conf_secs(&b, "client_mount_timeout").saturating_mul(2);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let root = root.to_owned();
+        std::thread::Builder::new()
+            .name("ceph-reclaim".to_owned())
+            .spawn(move || {
+                let _ = tx.send(b.mount(&root));
+            })
+            .map_err(|e| {
+                CephError::new(
+                    "ceph_start_reclaim",
+                    e.raw_os_error().unwrap_or(libc::EAGAIN),
+                )
+            })?;
+        rx.recv_timeout(bound)
+            .unwrap_or(Err(CephError::new("ceph_start_reclaim", libc::ETIMEDOUT)))
+    }
+
+    /// The cephx name the mounts authenticate as: "client." and the client id (libcephfs's
+    /// default, "admin", without one).
+    pub fn cephx_name(&self) -> String {
+        format!("client.{}", self.client_id.as_deref().unwrap_or("admin"))
     }
 
     /// Mount the whole filesystem (the quarantine state of ancestors of an export is needed).

@@ -25,6 +25,7 @@ use tracing::{error, info, warn};
 
 use std::sync::Arc;
 
+use ceph_client::ReclaimOutcome;
 use ceph_virtiofsd::args::{Args, QuarantineAction, QuarantineArgs};
 use ceph_virtiofsd::ceph::CephAccess;
 use ceph_virtiofsd::config::{Config, DEFAULT_MOUNT_TIMEOUT};
@@ -42,6 +43,13 @@ enum RunError {
         #[source]
         source: ceph_client::CephError,
     },
+    #[error("Cannot end the CephFS session that the previous daemon of --instance-id {instance_id:?} left behind (session uuid {uuid}): check that the MDS is active and that this daemon uses the same --client-id as before; the old session ends by itself after the MDS session timeout, or evict it now with `ceph tell mds.* client evict client_metadata.uuid={uuid}`")]
+    Reclaim {
+        instance_id: String,
+        uuid: String,
+        #[source]
+        source: ceph_client::CephError,
+    },
     #[error("Cannot open the exported CephFS root {root:?}")]
     Root {
         root: String,
@@ -55,7 +63,7 @@ enum RunError {
 impl RunError {
     fn exit(&self) -> Exit {
         match self {
-            RunError::Mount { .. } | RunError::Root { .. } => Exit::Ceph,
+            RunError::Mount { .. } | RunError::Reclaim { .. } | RunError::Root { .. } => Exit::Ceph,
             RunError::Serve(_) => Exit::Runtime,
         }
     }
@@ -89,12 +97,16 @@ fn start_quarantine(config: &Config) -> std::io::Result<Option<(Arc<Gate>, Watch
         );
         return Ok(None);
     }
-    quarantine::start(
-        config.ceph.access.clone(),
-        config.quarantine.clone(),
-        &config.ceph.root,
-    )
-    .map(Some)
+    // The watcher's session is the daemon's other long-lived one: a killed daemon leaves it
+    // behind too, with caps on the directories it reads.
+    let access = CephAccess {
+        session_uuid: config
+            .ceph
+            .session_uuid()
+            .map(|u| format!("{u}/quarantine")),
+        ..config.ceph.access.clone()
+    };
+    quarantine::start(access, config.quarantine.clone(), &config.ceph.root).map(Some)
 }
 
 /// `ceph-virtiofsd quarantine ACTION PATH [ceph options]`: `argv` starts with "quarantine".
@@ -108,6 +120,7 @@ fn quarantine_command(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Exi
         fs_name: a.cluster.fs_name,
         options: Vec::new(),
         mount_timeout: DEFAULT_MOUNT_TIMEOUT,
+        session_uuid: None,
     };
     let action = match a.action {
         QuarantineAction::Enable => quarantine::Action::Enable,
@@ -134,14 +147,27 @@ fn run(config: &Config) -> Result<(), RunError> {
     info!(root = %root, "mounting CephFS");
     // The MDS's cache-pressure recalls are counted and logged (see fs::limits).
     let recalls: Box<dyn ceph_client::CallbackHandler> = Box::new(fs::limits::RecallHandler);
-    let mount = config
-        .ceph
-        .access
+    // Only the export's own mount carries the device's session uuid (the second session of
+    // fs::side lives next to it, with the plain access).
+    let session_uuid = config.ceph.session_uuid();
+    let access = CephAccess {
+        session_uuid: session_uuid.clone(),
+        ..config.ceph.access.clone()
+    };
+    let mount = access
         .mount_with(&config.ceph.root, Some(recalls))
-        .map_err(|source| RunError::Mount {
-            root: root.clone(),
-            source,
+        .map_err(|source| match (&config.ceph.instance_id, &session_uuid) {
+            (Some(id), Some(uuid)) if source.op == "ceph_start_reclaim" => RunError::Reclaim {
+                instance_id: id.clone(),
+                uuid: uuid.clone(),
+                source,
+            },
+            _ => RunError::Mount {
+                root: root.clone(),
+                source,
+            },
         })?;
+    log_reclaim(config, &mount);
     // The client id is what an operator evicts (`ceph tell mds.* client evict id=N`) if this
     // process dies without unmounting.
     info!(client_id = mount.instance_id(), "CephFS mounted");
@@ -170,6 +196,30 @@ fn run(config: &Config) -> Result<(), RunError> {
         }
     }
     served.map_err(RunError::Serve)
+}
+
+/// What the start did with the session of the device's previous daemon (`--instance-id`).
+fn log_reclaim(config: &Config, mount: &ceph_client::Mount) {
+    let (Some(id), Some(uuid)) = (&config.ceph.instance_id, config.ceph.session_uuid()) else {
+        info!(
+            "No --instance-id: if this daemon dies without unmounting, its CephFS session keeps \
+             its caps and file locks until the MDS times it out (or it is evicted)"
+        );
+        return;
+    };
+    match mount.reclaim_outcome() {
+        Some(ReclaimOutcome::Reclaimed) => info!(
+            instance_id = %id,
+            session_uuid = %uuid,
+            "Ended the CephFS session the previous daemon of this device left behind: its caps \
+             and file locks are released"
+        ),
+        _ => info!(
+            instance_id = %id,
+            session_uuid = %uuid,
+            "No CephFS session of a previous daemon of this device to end"
+        ),
+    }
 }
 
 fn main() -> ExitCode {

@@ -294,3 +294,114 @@ fn stop_with_a_request_blocked_in_a_lock_wait_does_not_hang() {
     };
     held.setlk(&unlock, 1, false).unwrap();
 }
+
+/// A directory quota (`ceph.quota.max_bytes`) that a guest's writes run into: the guest sees
+/// EDQUOT itself (not EIO, not a hang), what it wrote and synced before is intact for another
+/// client, and once it deletes files the same daemon takes writes again. libcephfs enforces
+/// quotas in the writing client from the quota root's recursive byte count, which the MDS
+/// updates with a delay: like the kernel client, it stops a writer some way past the limit,
+/// so the guest writes 1 MiB files until refused, and at most 64 of them.
+#[test]
+fn quota_exceeded_reaches_the_guest_as_edquot_and_serving_resumes() {
+    let lab = Lab::get();
+    let name = format!("fault-quota-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    {
+        let m = lab.ceph();
+        let d = dir(&m, &export);
+        let perm = UserPerm::root();
+        let q = CString::new("q").unwrap();
+        let (qd, _) = m
+            .mkdir(&d, &q, 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+            .unwrap();
+        let attr = CString::new("ceph.quota.max_bytes").unwrap();
+        m.setxattr(&qd, &attr, b"4194304", 0, &perm).unwrap();
+    }
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    // Each file holds its own number, repeated, so a mix-up between files shows.
+    let script = "#!/bin/sh\n\
+        i=0; err=none\n\
+        while [ $i -lt 64 ]; do\n\
+          yes \"file $i\" | head -c 1048576 > /tmp/blob\n\
+          if ! dd if=/tmp/blob of=/mnt/q/f$i bs=65536 conv=fsync 2>/tmp/dd.err; then\n\
+            err=$(tr '\\n' ' ' < /tmp/dd.err); rm -f /mnt/q/f$i; break\n\
+          fi\n\
+          i=$((i+1))\n\
+        done\n\
+        echo \"QUOTA-STOP written=$i error=$err\"\n\
+        touch /mnt/stopped\n\
+        # The host checks the files, then the guest frees the space and writes again: the\n\
+        # daemon must still serve the directory.\n\
+        n=0; until [ -e /mnt/checked ]; do n=$((n+1)); [ $n -gt 600 ] && exit 1; sleep 1; done\n\
+        rm -f /mnt/q/f*\n\
+        n=0\n\
+        until yes again | head -c 1048576 | dd of=/mnt/q/after bs=65536 conv=fsync 2>/dev/null; do\n\
+          n=$((n+1)); [ $n -gt 120 ] && { echo 'not ok: no write after freeing'; exit 1; }\n\
+          rm -f /mnt/q/after; sleep 1\n\
+        done\n\
+        echo \"AFTER-FREE ok after $n retries\"\n\
+        ls -l /mnt/q\n";
+    let lab2 = Lab::get();
+    let work2 = work.clone();
+    let guest = std::thread::spawn(move || {
+        let run = run_guest(&lab2, &work2, &daemon, script, &[], 1200);
+        (run, daemon)
+    });
+    // What the guest wrote and synced before the refusal is intact for another client.
+    let m = lab.ceph();
+    let d = dir(&m, &export);
+    wait_exists(&m, &d, "stopped", &guest);
+    let q = dir(&m, &format!("{export}/q"));
+    let mut kept = 0;
+    for i in 0..64 {
+        let f = format!("f{i}");
+        if !exists(&m, &q, &f) {
+            break;
+        }
+        let want: Vec<u8> = format!("file {i}\n")
+            .bytes()
+            .cycle()
+            .take(1 << 20)
+            .collect();
+        assert!(read_all(&m, &q, &f) == want, "{f}: content differs");
+        kept += 1;
+    }
+    let perm = UserPerm::root();
+    let checked = CString::new("checked").unwrap();
+    m.create(
+        &d,
+        &checked,
+        0o644,
+        libc::O_CREAT | libc::O_WRONLY,
+        CEPH_STATX_BASIC_STATS,
+        0,
+        &perm,
+    )
+    .unwrap();
+    let (run, daemon) = guest.join().unwrap();
+    assert_eq!(run.code(), 0, "guest verdict\n{}", daemon.log_text());
+    let line = run
+        .console
+        .lines()
+        .find(|l| l.contains("QUOTA-STOP"))
+        .unwrap_or_else(|| panic!("no QUOTA-STOP line:\n{}", run.console));
+    assert!(
+        line.contains("Disk quota exceeded"),
+        "the guest did not see EDQUOT: {line}\n{}",
+        run.console
+    );
+    let written: usize = line
+        .split("written=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap();
+    assert!((1..64).contains(&written), "{line}");
+    assert_eq!(kept, written, "files the host found intact vs {line}");
+    assert!(run.console.contains("AFTER-FREE ok"), "{}", run.console);
+    // The file written after freeing space is whole, seen by another client.
+    let after = read_all(&m, &q, "after");
+    assert_eq!(after.len(), 1 << 20);
+    assert!(after.chunks(6).all(|c| b"again\n".starts_with(c)));
+}

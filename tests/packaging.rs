@@ -529,7 +529,7 @@ fn debian_package_builds_with_the_expected_contents() {
     let out = run(Command::new(&cargo)
         .current_dir(top())
         .env("CARGO_TARGET_DIR", dir.join("target"))
-        .args(["deb", "--no-build", "--no-strip", "--fast", "--output"])
+        .args(["deb", "--no-build", "--fast", "--output"])
         .arg(&out_dir));
     assert!(
         out.status.success(),
@@ -612,4 +612,72 @@ fn debian_package_builds_with_the_expected_contents() {
     let out = run(Command::new("dpkg-deb").args(["-I"]).arg(&deb));
     let info = text(&out.stdout);
     assert!(info.contains("postinst"), "no postinst:\n{info}");
+
+    // The daemon ships stripped; its symbols are in the -dbgsym package, under the build id.
+    let unpacked = dir.join("unpacked");
+    let out = run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shipped = unpacked.join("usr/libexec/ceph-virtiofsd");
+    let sections = elf_sections(&shipped);
+    assert!(
+        // .debug_gdb_scripts is loaded data (rustc's pretty-printer hint), not debug info.
+        !sections
+            .iter()
+            .any(|s| s.starts_with(".debug_") && s != ".debug_gdb_scripts"),
+        "the packaged daemon carries debug sections: {sections:?}"
+    );
+    let id = build_id(&shipped);
+    let ddeb = fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "ddeb"))
+        .expect("cargo deb wrote no -dbgsym .ddeb");
+    let out = run(Command::new("dpkg-deb").arg("-f").arg(&ddeb).arg("Package"));
+    assert_eq!(text(&out.stdout).trim(), "ceph-virtiofsd-dbgsym");
+    let symbols = dir.join("symbols");
+    let out = run(Command::new("dpkg-deb").arg("-x").arg(&ddeb).arg(&symbols));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let (dir_part, file_part) = id.split_at(2);
+    let debug = symbols.join(format!(
+        "usr/lib/debug/.build-id/{dir_part}/{file_part}.debug"
+    ));
+    assert!(
+        debug.is_file(),
+        "no {} in the -dbgsym package (build id {id})",
+        debug.display()
+    );
+    assert!(
+        elf_sections(&debug).iter().any(|s| s == ".debug_line"),
+        "{} holds no line tables",
+        debug.display()
+    );
+}
+
+/// Section names of an ELF file (`readelf -SW`).
+fn elf_sections(path: &Path) -> Vec<String> {
+    let out = run(Command::new("readelf").arg("-SW").arg(path));
+    assert!(out.status.success(), "readelf: {}", text(&out.stderr));
+    text(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let rest = l.strip_prefix('[')?.split_once(']')?.1;
+            Some(rest.split_whitespace().next()?.to_owned())
+        })
+        .collect()
+}
+
+/// The GNU build id of an ELF file, in hex (`readelf -n`).
+fn build_id(path: &Path) -> String {
+    let out = run(Command::new("readelf").arg("-n").arg(path));
+    assert!(out.status.success(), "readelf: {}", text(&out.stderr));
+    let notes = text(&out.stdout);
+    notes
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Build ID:")
+                .map(|v| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| panic!("{} has no build id:\n{notes}", path.display()))
 }

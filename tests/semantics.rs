@@ -1011,3 +1011,64 @@ fn hostile_no_entry_takes_the_snapshot_directory_name() {
     fs.rmdir(&root, d, &c("sub")).unwrap();
     fs.rmdir(&root, 1, &c("d")).unwrap();
 }
+
+/// A read never returns bytes past the end of the file, even when the file's RADOS object
+/// holds more. libcephfs reads O_DIRECT descriptors (and any without the cache cap)
+/// synchronously, returning whatever the object holds: its cached path stops at the file's
+/// size, this one does not. The soak met such objects after truncates and hole punches
+/// (reads of 4096, 12288 and 61440 bytes from files whose size, asked of the daemon, was 1703
+/// bytes into the page, 4888 and 0); here the object is made longer with `rados` directly.
+/// Linux (and the kernel CephFS client) stop at the size. A server-side copy reads the same way,
+/// so it must not copy the surplus either.
+#[test]
+fn reads_stop_at_the_end_of_the_file_when_its_object_is_longer() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-longobject");
+    let (ino, fh) = create_as(&fs, &ctx(0, 0), 1, &c("f"), 0o644);
+    let data = bytes(7, 4888);
+    write(&fs, ino, fh, 0, &data);
+    fs.fsync(&ctx(0, 0), ino, false, fh).unwrap();
+    release(&fs, ino, fh);
+    // The object now holds 12288 bytes: the file's 4888, then 7400 that are not the file's.
+    let mut object = data.clone();
+    object.extend(std::iter::repeat(0xee).take(7400));
+    let path = lab
+        .scratch(&format!("sem-longobject-{}", std::process::id()))
+        .join("obj");
+    std::fs::write(&path, &object).unwrap();
+    let name = format!("{ino:x}.00000000");
+    let st = std::process::Command::new("rados")
+        .arg("-c")
+        .arg(&lab.conf)
+        .args(["--id", &lab.client_id, "-p", "cephfs_data", "put", &name])
+        .arg(&path)
+        .status()
+        .expect("run rados");
+    assert!(st.success(), "rados put {name}");
+
+    let direct = open(&fs, ino, libc::O_RDONLY | libc::O_DIRECT);
+    let got = read(&fs, ino, direct, 0, 12288);
+    assert_eq!(got.len(), data.len(), "O_DIRECT read from 0");
+    assert!(got == data, "O_DIRECT read from 0: other bytes");
+    let got = read(&fs, ino, direct, 4096, 8192);
+    assert_eq!(
+        got.len(),
+        data.len() - 4096,
+        "O_DIRECT read of the last page"
+    );
+    assert!(
+        got == data[4096..],
+        "O_DIRECT read of the last page: other bytes"
+    );
+    assert_eq!(read(&fs, ino, direct, 8192, 4096).len(), 0, "past the end");
+
+    let (dst, dfh) = create_as(&fs, &ctx(0, 0), 1, &c("copy"), 0o644);
+    let n = fs
+        .copy_range(&ctx(0, 0), ino, direct, 0, dst, dfh, 0, 12288)
+        .unwrap();
+    assert_eq!(n, data.len(), "copy_file_range copied past the end");
+    let (attr, _) = fs.getattr(&ctx(0, 0), dst, None).unwrap();
+    assert_eq!(attr.st_size, data.len() as i64);
+    release(&fs, ino, direct);
+    release(&fs, dst, dfh);
+}

@@ -72,6 +72,6 @@ pub use dir::{Dir, DirEntryPlus};
 pub use error::{check, CephError, Result};
 pub use file::File;
 pub use inode::Inode;
-pub use mount::{version, CallbackHandler, Mount, MountBuilder, Vino};
+pub use mount::{version, CallbackHandler, Mount, MountBuilder, ReclaimOutcome, Vino};
 pub use perm::{UserPerm, MAX_GROUPS};
 pub use statx::*;

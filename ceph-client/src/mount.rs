@@ -225,7 +225,14 @@ impl MountBuilder {
     /// Reclaim (or, with `CEPH_RECLAIM_RESET`, reset) the state of the previous client
     /// instance that used `uuid` (`ceph_start_reclaim` + `ceph_finish_reclaim`, applied at
     /// mount, before `ceph_set_uuid`). With `CEPH_RECLAIM_RESET`, ENOENT (no such old client)
-    /// is not an error.
+    /// is not an error. [`Mount::reclaim_outcome`] tells which of the two happened.
+    ///
+    /// The MDS (Ceph 14 and newer) only implements `CEPH_RECLAIM_RESET`: it evicts the old
+    /// session (blocklisting its address unless `mds_session_blocklist_on_evict` is off),
+    /// which drops its caps and file locks, and answers once that is done. The old session
+    /// must belong to the same cephx user (the reclaim fails otherwise). Give the new session
+    /// the same uuid with [`Self::set_uuid`], so that the next instance finds it: the MDS
+    /// refuses to open a second session with a uuid a live session already has.
     pub fn reclaim(mut self, uuid: &str, flags: u32) -> Result<Self> {
         self.reclaim = Some((cstring("ceph_start_reclaim", uuid)?, flags));
         Ok(self)
@@ -240,10 +247,11 @@ impl MountBuilder {
         };
         // From here on the `inner` owns the handle: its Drop releases it exactly once, on
         // every error path below as well as at the end of the mount's life.
-        let inner = MountInner {
+        let mut inner = MountInner {
             shut_down: AtomicBool::new(false),
             cmount: cm.as_ptr(),
             _callbacks: self.callbacks.take(),
+            reclaim: None,
         };
         let cm = inner.cmount;
         // SAFETY: `cm` is a live handle, not yet initialised.
@@ -269,9 +277,12 @@ impl MountBuilder {
             // SAFETY: `cm` is initialised and not mounted; `uuid` is NUL-terminated.
             let ret = unsafe { sys::ceph_start_reclaim(cm, uuid.as_ptr(), flags) };
             let reset = flags & crate::statx::CEPH_RECLAIM_RESET != 0;
-            if !(reset && ret == -libc::ENOENT) {
+            inner.reclaim = Some(if reset && ret == -libc::ENOENT {
+                ReclaimOutcome::NoPrevious
+            } else {
                 check("ceph_start_reclaim", ret)?;
-            }
+                ReclaimOutcome::Reclaimed
+            });
             // SAFETY: `cm` is initialised; finishing a reclaim that found nothing is a no-op.
             unsafe { sys::ceph_finish_reclaim(cm) };
         }
@@ -309,6 +320,18 @@ struct MountInner {
     shut_down: AtomicBool,
     // Pointed to by the `handle` registered with libcephfs; dropped after ceph_release.
     _callbacks: Option<Box<HandlerBox>>,
+    // What `ceph_start_reclaim` found, for a mount built with `MountBuilder::reclaim`.
+    reclaim: Option<ReclaimOutcome>,
+}
+
+/// What [`MountBuilder::reclaim`] did before the mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReclaimOutcome {
+    /// A session with the uuid existed and its state was reclaimed (with `CEPH_RECLAIM_RESET`:
+    /// the MDS ended it, releasing its caps and locks).
+    Reclaimed,
+    /// No session had the uuid (`CEPH_RECLAIM_RESET` only; ENOENT from `ceph_start_reclaim`).
+    NoPrevious,
 }
 
 impl MountInner {
@@ -421,6 +444,11 @@ impl Mount {
     /// configuration needs no mounted session, so this works after a shutdown too.
     pub fn conf_get(&self, key: &str) -> Result<String> {
         conf_get(self.raw(), key)
+    }
+
+    /// What the reclaim requested with [`MountBuilder::reclaim`] did; `None` without one.
+    pub fn reclaim_outcome(&self) -> Option<ReclaimOutcome> {
+        self.inner.reclaim
     }
 
     /// Whether `other` is this mount or a clone of it (a pointer compare).

@@ -102,6 +102,8 @@ pub struct FileCeph {
     pub fs_name: Option<String>,
     pub root: Option<String>,
     pub mount_timeout: Option<u64>,
+    /// The device's stable session identity (`--instance-id`).
+    pub instance_id: Option<String>,
     /// Extra libcephfs options.
     #[serde(default)]
     pub options: BTreeMap<String, String>,

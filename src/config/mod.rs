@@ -55,6 +55,19 @@ pub struct CephConfig {
     pub access: CephAccess,
     /// Absolute path inside CephFS exported as the guest's root.
     pub root: String,
+    /// The device's stable session identity (`--instance-id`): the export's mount and the
+    /// quarantine watcher's end the sessions a previous daemon with it left behind (see
+    /// [`Self::session_uuid`]). `None`: no reclaim.
+    pub instance_id: Option<String>,
+}
+
+impl CephConfig {
+    /// The uuid of the export's session with `--instance-id` ([`crate::ceph::session_uuid`]);
+    /// `None` without.
+    pub fn session_uuid(&self) -> Option<String> {
+        let id = self.instance_id.as_deref()?;
+        Some(crate::ceph::session_uuid(&self.access.cephx_name(), id))
+    }
 }
 
 /// The validated configuration of one daemon.
@@ -142,6 +155,8 @@ pub enum ConfigError {
     BadCephOpt(String),
     #[error("Mount timeout must be at least 1 second")]
     BadMountTimeout,
+    #[error("Instance id {0:?} must be 1 to 64 letters, digits or . _ - : @ (e.g. the VM's name)")]
+    BadInstanceId(String),
     #[error("Legacy option -o {0}: {1}")]
     BadLegacyOpt(String, String),
     #[error("Invalid --user/--group")]
@@ -258,6 +273,20 @@ fn validate_tag(tag: String) -> Result<String, ConfigError> {
         return Err(ConfigError::BadTag(tag));
     }
     Ok(tag)
+}
+
+/// An `--instance-id`: it goes into the session uuid, the logs and `ceph tell mds.* session
+/// ls`, so only characters that need no quoting anywhere.
+fn check_instance_id(id: String) -> Result<String, ConfigError> {
+    let ok = (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-:@".contains(&b));
+    if ok {
+        Ok(id)
+    } else {
+        Err(ConfigError::BadInstanceId(id))
+    }
 }
 
 /// The `admin_socket` Ceph option among `options`, however its key is spelt.
@@ -497,6 +526,11 @@ impl Config {
         if secs.is_zero() {
             return Err(ConfigError::BadMountTimeout);
         }
+        let instance_id = args
+            .instance_id
+            .or(file.ceph.instance_id)
+            .map(check_instance_id)
+            .transpose()?;
 
         let user = args.user.or(file.sandbox.user);
         let group = args.group.or(file.sandbox.group);
@@ -563,8 +597,11 @@ impl Config {
                     fs_name: args.cluster.fs_name.or(file.ceph.fs_name),
                     options,
                     mount_timeout: secs,
+                    // Set by the daemon on the export's and the watcher's own copies only.
+                    session_uuid: None,
                 },
                 root,
+                instance_id,
             },
             sandbox,
             idmap,
@@ -586,6 +623,52 @@ mod tests {
         argv.extend_from_slice(cli);
         let args = Args::try_parse_from(argv).unwrap_or_else(|e| panic!("clap: {e}"));
         Config::try_from(args)
+    }
+
+    #[test]
+    fn instance_id_gives_the_export_a_session_uuid() {
+        let c = parse(&["--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph.instance_id, None);
+        assert_eq!(c.ceph.session_uuid(), None, "off by default");
+        let c = parse(&["--fd=3", "--client-id=vm1", "--instance-id=host1:vm-1.fs0"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.ceph.session_uuid().as_deref(),
+            Some("ceph-virtiofsd/client.vm1/host1:vm-1.fs0")
+        );
+        // Only the export's own mount carries it (the config's access is shared).
+        assert_eq!(c.ceph.access.session_uuid, None);
+        let c = parse(&["--fd=3", "--instance-id=vm1"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            c.ceph.session_uuid().as_deref(),
+            Some("ceph-virtiofsd/client.admin/vm1"),
+            "libcephfs's default client id"
+        );
+        // From the file; the command line wins.
+        let file: FileConfig = toml::from_str("[ceph]\ninstance-id = \"from-file\"\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph.instance_id.as_deref(), Some("from-file"));
+        let file: FileConfig = toml::from_str("[ceph]\ninstance-id = \"from-file\"\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd=3", "--instance-id=cli"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph.instance_id.as_deref(), Some("cli"));
+    }
+
+    #[test]
+    fn hostile_instance_id_is_refused_unless_plain() {
+        let long = "a".repeat(65);
+        for bad in ["", "vm 1", "a/b", "vm1\n", "x=y", "é", long.as_str()] {
+            let arg = format!("--instance-id={bad}");
+            assert!(
+                matches!(parse(&["--fd=3", &arg]), Err(ConfigError::BadInstanceId(_))),
+                "{bad:?}"
+            );
+        }
+        assert!(parse(&["--fd=3", &format!("--instance-id={}", "a".repeat(64))]).is_ok());
     }
 
     #[test]

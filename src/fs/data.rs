@@ -23,7 +23,35 @@ impl CephFs {
         range(offset, u64::from(size))?;
         let f = self.file(inode, handle, "read", ctx.guest_uid())?;
         self.note_buffered(&f);
-        w.write_from(&mut CephIo(&f.file), to_len(size)?, offset)
+        let len = self.read_len(&f, offset, to_len(size)?)?;
+        if len == 0 {
+            return Ok(0);
+        }
+        w.write_from(&mut CephIo(&f.file), len, offset)
+    }
+
+    /// How much of a read of `len` bytes at `off` through `f` may be asked of libcephfs: never
+    /// past the end of the file. libcephfs reads synchronously (O_DIRECT descriptors, and any
+    /// without the cache cap) by returning what the file's RADOS object holds, and an object
+    /// can be longer than the file (the soak met objects left longer by truncates and hole
+    /// punches); its cached reads stop at the size. The cached size is asked first, with no
+    /// request; only a read that would cross it asks the size under the caps, which is a
+    /// request only when this client lacks them (another client writing the file), so a size
+    /// that grew elsewhere is not cut short.
+    fn read_len(&self, f: &OpenFile, off: u64, len: usize) -> io::Result<usize> {
+        let end = off.saturating_add(len64(len));
+        let root = self.perms.root();
+        let size = |flags| -> io::Result<u64> {
+            Ok(self
+                .mount
+                .getattr(&f.node.inode, ceph_client::CEPH_STATX_SIZE, flags, &root)?
+                .stx_size)
+        };
+        if end <= size(ceph_client::AT_STATX_DONT_SYNC)? {
+            return Ok(len);
+        }
+        let left = size(0)?.saturating_sub(off);
+        Ok(usize::try_from(left).map_or(len, |left| left.min(len)))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -234,7 +262,10 @@ impl CephFs {
                     break;
                 }
             }
-            let want = (total - done).min(buf.len());
+            let want = self.read_len(&fi, off_in + len64(done), (total - done).min(buf.len()))?;
+            if want == 0 {
+                break;
+            }
             let n = fi.file.read(
                 off_in + len64(done),
                 buf.get_mut(..want).unwrap_or_default(),

@@ -142,7 +142,8 @@ impl Body {
 /// A running `ceph-virtiofsd-bench hostile serve` connected to a daemon.
 pub struct Hostile {
     child: Child,
-    stdin: ChildStdin,
+    /// `None` once closed (in Drop).
+    stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     unique: u64,
     pub mem_size: u64,
@@ -151,13 +152,27 @@ pub struct Hostile {
 impl Hostile {
     /// Connect to `daemon` (exporting `export`), FUSE_INIT done unless `extra` has --no-init.
     pub fn connect(lab: &Lab, daemon: &Daemon, export: &str, extra: &[&str]) -> Hostile {
-        let mut child = Command::new(super::bench_binary())
-            .args(["hostile", "serve", "--socket"])
+        let mut cmd = Command::new(super::bench_binary());
+        cmd.args(["hostile", "serve", "--socket"])
             .arg(&daemon.socket)
             .arg("--ceph-conf")
             .arg(&lab.conf)
             .args(["--client-id", &lab.client_id, "--export", export])
-            .args(extra)
+            .args(extra);
+        Self::spawn(cmd, daemon)
+    }
+
+    /// Connect to `daemon` without the oracle: the frontend then has no CephFS session of its
+    /// own (none left behind when it is killed), and [`Answer::outside`] is always empty.
+    pub fn connect_without_oracle(daemon: &Daemon) -> Hostile {
+        let mut cmd = Command::new(super::bench_binary());
+        cmd.args(["hostile", "serve", "--socket"])
+            .arg(&daemon.socket);
+        Self::spawn(cmd, daemon)
+    }
+
+    fn spawn(mut cmd: Command, daemon: &Daemon) -> Hostile {
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -167,7 +182,7 @@ impl Hostile {
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let mut h = Hostile {
             child,
-            stdin,
+            stdin: Some(stdin),
             stdout,
             unique: 1000,
             mem_size: 0,
@@ -193,8 +208,9 @@ impl Hostile {
 
     /// One command, one answer line.
     pub fn cmd(&mut self, c: &str) -> String {
-        writeln!(self.stdin, "{c}").expect("write to hostile serve");
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().expect("hostile serve's stdin is open");
+        writeln!(stdin, "{c}").expect("write to hostile serve");
+        stdin.flush().unwrap();
         let a = self.line();
         assert!(!a.is_empty(), "hostile serve ended (command {c})");
         assert!(!a.starts_with("error "), "hostile serve: {a} (command {c})");
@@ -347,7 +363,18 @@ impl Hostile {
 }
 
 impl Drop for Hostile {
+    /// Closes its stdin, so that `hostile serve` ends and unmounts its oracle's CephFS session;
+    /// SIGKILL only if it has not ended 10 s later. Killed outright, it left that session for
+    /// the MDS to time out, and an MDS restart meanwhile waited about 50 s in reconnect for it.
     fn drop(&mut self) {
+        drop(self.stdin.take());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            if !matches!(self.child.try_wait(), Ok(None)) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -476,11 +503,17 @@ pub struct PrivateCluster {
 
 impl PrivateCluster {
     pub fn start(lab: &Lab, name: &str) -> PrivateCluster {
+        Self::start_with(lab, name, &[])
+    }
+
+    /// [`PrivateCluster::start`] with options for `ceph-dev-cluster start` (`--standby-mds`).
+    pub fn start_with(lab: &Lab, name: &str, opts: &[&str]) -> PrivateCluster {
         let dir = lab.scratch(name).join("cluster");
         let script = lab.top.join("tests/lab/ceph-dev-cluster");
         let out = Command::new(&script)
             .arg("start")
             .arg(&dir)
+            .args(opts)
             .stdin(Stdio::null())
             .output()
             .expect("run tests/lab/ceph-dev-cluster start");

@@ -61,6 +61,7 @@ pub fn bench_binary() -> PathBuf {
     bench
 }
 
+#[derive(Clone)]
 pub struct Lab {
     pub conf: PathBuf,
     pub client_id: String,
