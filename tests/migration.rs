@@ -915,3 +915,90 @@ fn guest_migrates_between_daemons_under_qemu10() {
     );
     drop(daemon_b);
 }
+
+/// What a destination confined to a subtree by its cephx caps makes of a state naming an inode
+/// outside it (a frontend that lies): the MDS's path check decides, not the daemon.
+#[test]
+fn a_state_naming_an_inode_outside_the_callers_path_caps() {
+    use ceph_virtiofsd::migration::{NodeState, State};
+    let lab = Lab::get();
+    let name = format!("migrate-caps-{}", std::process::id());
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let top = m.lookup_root().unwrap();
+    let (base, _) = m
+        .mkdir(&top, &c(&name), 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    let (inside, inside_st) = m
+        .mkdir(&base, &c("inside"), 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    let (_outside, outside_st) = m
+        .mknod(
+            &base,
+            &c("outside"),
+            libc::S_IFREG | 0o644,
+            0,
+            CEPH_STATX_BASIC_STATS,
+            0,
+            &perm,
+        )
+        .unwrap();
+    drop(inside);
+    let id = format!("migpath{}", std::process::id());
+    let keyring = lab.scratch(&id).join("keyring");
+    let st = std::process::Command::new("ceph")
+        .arg("-c")
+        .arg(&lab.conf)
+        .args(["auth", "get-or-create", &format!("client.{id}")])
+        .args(["mon", "allow r", "osd", "allow rw"])
+        .args(["mds", &format!("allow rw path=/{name}/inside")])
+        .arg("-o")
+        .arg(&keyring)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mount = MountBuilder::new(Some(&id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.conf_set("keyring", keyring.to_str().unwrap()))
+        .and_then(|b| b.mount(&format!("/{name}/inside")))
+        .expect("mount the confined subtree");
+    let b = CephFs::new(mount, Default::default()).unwrap();
+    let state = State {
+        idmap_fingerprint: ceph_virtiofsd::migration::fingerprint(
+            format!("{:?}", ceph_virtiofsd::idmap::IdMapping::default()).as_bytes(),
+        ),
+        root: (inside_st.stx_ino, u64::MAX - 1),
+        nodes: vec![NodeState {
+            id: outside_st.stx_ino,
+            ino: outside_st.stx_ino,
+            snapid: u64::MAX - 1,
+            kind: libc::S_IFREG,
+            lookups: 1,
+            parent: 0,
+            name: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    let report = b.load_state(&state.encode()).unwrap();
+    println!("PATH CAPS: {report}");
+    assert_eq!(
+        report.lost_nodes, 1,
+        "the MDS let a confined client resolve {report}"
+    );
+    assert_eq!(
+        errno(b.getattr(&ctx(0, 0), outside_st.stx_ino, None)),
+        libc::ESTALE
+    );
+    b.shutdown().unwrap();
+    // The control: a client without the path restriction, mounted at the same subtree, does
+    // resolve it. The caps are what bound a lying state, not the daemon.
+    let mount = MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.mount(&format!("/{name}/inside")))
+        .unwrap();
+    let open = CephFs::new(mount, Default::default()).unwrap();
+    let report = open.load_state(&state.encode()).unwrap();
+    println!("NO PATH CAPS: {report}");
+    assert_eq!(report.lost_nodes, 0, "{report}");
+    open.shutdown().unwrap();
+}
