@@ -45,6 +45,16 @@ pub enum Switch {
     Off,
 }
 
+/// What a migration destination does with a node or handle it cannot find again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigrationOnError {
+    /// The guest gets ESTALE for that node or handle; the migration goes on (the default).
+    GuestError,
+    /// The migration fails and the guest keeps running on the source.
+    Abort,
+}
+
 /// Quarantine recovery role of a daemon.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -188,6 +198,12 @@ pub struct Args {
     /// Print the vhost-user capabilities JSON (read by libvirt) and exit.
     #[arg(long)]
     pub print_capabilities: bool,
+
+    /// Live migration, on the destination: what to do with a file, directory or open handle of
+    /// the guest that cannot be found again in CephFS (deleted meanwhile, access lost).
+    /// Default: guest-error.
+    #[arg(long, value_enum, value_name = "MODE")]
+    pub migration_on_error: Option<MigrationOnError>,
 
     // ---- FUSE behaviour ----
     /// Guest caching policy.

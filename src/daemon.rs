@@ -27,6 +27,7 @@ use crate::config::{Config, Listen};
 use crate::metrics::endpoint::{MetricsServer, Scrape};
 use crate::metrics::watchdog::Watchdog;
 use crate::metrics::FsStats;
+use crate::migration::DeviceState;
 use crate::server::ExtraOps;
 use crate::vhost_user::{BackendError, BackendOptions, VhostUserFsBackend};
 
@@ -94,9 +95,16 @@ enum Event {
 /// With `Listen::Fd`, this takes ownership of that descriptor: call it at most once per process.
 pub fn serve<F>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + FsStats + Send + Sync + 'static,
+    F: FileSystem<Inode = u64, Handle = u64>
+        + ExtraOps
+        + FsStats
+        + DeviceState
+        + Send
+        + Sync
+        + 'static,
 {
     let stats: Arc<dyn FsStats> = fs.clone();
+    let state: Arc<dyn DeviceState> = fs.clone();
     let backend = VhostUserFsBackend::new(
         fs,
         &BackendOptions {
@@ -107,6 +115,7 @@ where
         },
     )
     .map_err(DaemonError::Backend)?;
+    backend.enable_migration(state);
 
     // Signal handlers first: once the socket exists, SIGTERM is already ours.
     let (events, receiver) = mpsc::channel();
@@ -242,7 +251,7 @@ where
 {
     loop {
         backend.reset_connection();
-        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+        let mem = GuestMemoryAtomic::new(GuestMemoryMmap::<crate::vhost_user::GuestBitmap>::new());
         let mut daemon = VhostUserDaemon::new("ceph-virtiofsd".to_owned(), backend.clone(), mem)
             .map_err(|e| DaemonError::CreateDaemon(e.to_string()))?;
         daemon

@@ -40,6 +40,7 @@ pub mod fs;
 pub mod idmap;
 pub mod logging;
 pub mod metrics;
+pub mod migration;
 pub mod poll;
 pub mod quarantine;
 pub mod sandbox;
@@ -82,6 +83,7 @@ pub fn report(err: &dyn std::error::Error) -> String {
     out
 }
 
-/// The vhost-user capabilities JSON libvirt reads (`--print-capabilities`).
-pub const CAPABILITIES_JSON: &str =
-    "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"separate-options\"\n  ]\n}\n";
+/// The vhost-user capabilities JSON libvirt reads (`--print-capabilities`): `migrate-precopy`
+/// lets libvirt migrate a domain with this file system (device state and dirty-page logging,
+/// README "Live migration").
+pub const CAPABILITIES_JSON: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"migrate-precopy\",\n    \"separate-options\"\n  ]\n}\n";

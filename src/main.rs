@@ -182,6 +182,7 @@ fn run(config: &Config) -> Result<(), RunError> {
         fsc.revocable_ttl = config.quarantine.ttl_bound();
     }
     let fs = Arc::new(CephFs::new(mount, fsc).map_err(|source| RunError::Root { root, source })?);
+    fs.set_migration_on_error(config.migration_on_error);
     // daemon::serve drops privileges and installs seccomp once the socket is open.
     let served = daemon::serve(config, fs.clone());
     // Idle worker threads may still hold the filesystem after a signal: unmount explicitly,

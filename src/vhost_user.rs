@@ -17,16 +17,21 @@
 //!
 //! This layer knows nothing of Ceph: it is generic over the filesystem.
 
-use std::io;
+use std::fs::File;
+use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::InHeader;
 use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use tracing::{debug, error, warn};
-use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
 use vhost_user_backend::{VhostUserBackend, VringMutex, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
@@ -41,6 +46,7 @@ use vmm_sys_util::event::{
 };
 
 use crate::metrics;
+use crate::migration::{DeviceState, MigrationError, MAX_STATE_LEN};
 use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
 mod bounce;
@@ -58,11 +64,14 @@ pub const MAX_TAG_LEN: usize = 36;
 /// Most request queues we offer (one vhost-user worker thread per queue, 64-bit queue masks).
 pub const MAX_REQUEST_QUEUES: u16 = 63;
 
+/// The dirty-page bitmap of guest memory: every write into it is logged while the frontend
+/// migrates the guest (VHOST_USER_SET_LOG_BASE), and a no-op otherwise.
+pub type GuestBitmap = vhost_user_backend::bitmap::BitmapMmapRegion;
 /// Guest memory as vhost-user-backend hands it to us.
-pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<()>>;
+pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<GuestBitmap>>;
 /// One virtqueue's state, shared between the queue thread and workers.
 pub type Vring = VringMutex<GuestMem>;
-type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<()>>;
+type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<GuestBitmap>>;
 
 /// Index of the hiprio queue.
 pub const HIPRIO_QUEUE: usize = 0;
@@ -170,6 +179,13 @@ struct Inner<F: FileSystem + Send + Sync> {
     request_queues: u16,
     /// Each queue's polling window and when its thread last went to sleep.
     polls: Vec<Mutex<QueuePoll>>,
+    /// Migration: who saves and loads the device state (None: DEVICE_STATE not offered).
+    device_state: OnceLock<Arc<dyn DeviceState>>,
+    /// The state transfer under way (SET_DEVICE_STATE_FD), joined by CHECK_DEVICE_STATE.
+    transfer: Mutex<Option<JoinHandle<Result<(), MigrationError>>>>,
+    /// The frontend logs dirty pages (it acked VHOST_F_LOG_ALL): a migration is under way,
+    /// and requests are served with their vring locked (see `drain_queue_locked`).
+    logging: AtomicBool,
 }
 
 /// Polling state of one queue (only its own thread takes the lock).
@@ -199,6 +215,51 @@ impl<F: FileSystem + Send + Sync> std::fmt::Debug for VhostUserFsBackend<F> {
             .field("request_queues", &self.inner.request_queues)
             .finish_non_exhaustive()
     }
+}
+
+/// How long a save waits for requests of the stopped device that are still being answered.
+const SAVE_DRAIN_LIMIT: Duration = Duration::from_secs(10);
+
+/// Source side: write the state to `file` and close it (the frontend reads until EOF).
+fn save_device_state(
+    state: &dyn DeviceState,
+    in_flight: &InFlight,
+    mut file: File,
+) -> Result<(), MigrationError> {
+    let started = Instant::now();
+    if !in_flight.wait_idle(SAVE_DRAIN_LIMIT) {
+        return Err(MigrationError::Busy);
+    }
+    let bytes = state.save_state()?;
+    file.write_all(&bytes)?;
+    drop(file);
+    tracing::info!(
+        bytes = bytes.len(),
+        ms = started.elapsed().as_millis(),
+        "migration: device state sent"
+    );
+    Ok(())
+}
+
+/// Destination side: read the state until EOF, then resolve it.
+fn load_device_state(state: &dyn DeviceState, file: File) -> Result<(), MigrationError> {
+    let started = Instant::now();
+    let mut bytes = Vec::new();
+    file.take(MAX_STATE_LEN + 1).read_to_end(&mut bytes)?;
+    if u64::try_from(bytes.len()).unwrap_or(u64::MAX) > MAX_STATE_LEN {
+        return Err(crate::migration::FormatError::Corrupt(
+            "longer than the most a state may take",
+        )
+        .into());
+    }
+    let report = state.load_state(&bytes)?;
+    tracing::info!(
+        bytes = bytes.len(),
+        ms = started.elapsed().as_millis(),
+        %report,
+        "migration: device state loaded"
+    );
+    Ok(())
 }
 
 /// Build `struct virtio_fs_config` for a tag.
@@ -256,7 +317,81 @@ where
                         })
                     })
                     .collect(),
+                device_state: OnceLock::new(),
+                transfer: Mutex::new(None),
+                logging: AtomicBool::new(false),
             }),
+        })
+    }
+
+    /// Offer live migration (VHOST_USER_PROTOCOL_F_DEVICE_STATE): `state` saves and loads the
+    /// guest's session. Call before the first frontend connects.
+    pub fn enable_migration(&self, state: Arc<dyn DeviceState>) {
+        if self.inner.device_state.set(state).is_err() {
+            warn!("migration was already enabled on this backend");
+        }
+    }
+
+    /// SET_DEVICE_STATE_FD: move the state through `file` on a thread of its own (the
+    /// vhost-user request must not wait for the transfer); CHECK_DEVICE_STATE joins it.
+    fn start_transfer(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<()> {
+        let Some(state) = self.inner.device_state.get().cloned() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "migration is not enabled",
+            ));
+        };
+        if phase != VhostTransferStatePhase::STOPPED {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "device state can only be moved while the device is stopped",
+            ));
+        }
+        let mut slot = self
+            .inner
+            .transfer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // A transfer nobody checked: its result no longer matters.
+        if let Some(old) = slot.take() {
+            let _ = old.join();
+        }
+        let in_flight = self.inner.in_flight.clone();
+        let job = std::thread::Builder::new().name("device-state".to_owned());
+        let handle = match direction {
+            VhostTransferStateDirection::SAVE => {
+                job.spawn(move || save_device_state(&*state, &in_flight, file))?
+            }
+            VhostTransferStateDirection::LOAD => {
+                job.spawn(move || load_device_state(&*state, file))?
+            }
+        };
+        *slot = Some(handle);
+        Ok(())
+    }
+
+    /// CHECK_DEVICE_STATE: the result of the last transfer.
+    fn finish_transfer(&self) -> io::Result<()> {
+        let job = self
+            .inner
+            .transfer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(job) = job else {
+            return Err(io::Error::other("no device state transfer was started"));
+        };
+        let result = job
+            .join()
+            .map_err(|_| io::Error::other("the device state transfer thread panicked"))?;
+        result.map_err(|e| {
+            error!(error = %crate::report(&e), "migration: device state transfer failed; the frontend fails the migration");
+            io::Error::other(e)
         })
     }
 
@@ -304,6 +439,9 @@ where
     /// path walk, a create) then costs no hand-off and no wake-up, while a burst of requests
     /// that wait for the MDS still spreads over the workers.
     fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+        if self.inner.logging.load(Ordering::Acquire) {
+            return self.drain_queue_locked(vring, mem, queue);
+        }
         let mut last: Option<Pending> = None;
         loop {
             if self.inner.closed.load(Ordering::Acquire) {
@@ -345,6 +483,69 @@ where
         }
         if let Some(p) = last {
             self.serve(p, vring, queue);
+        }
+    }
+
+    /// [`Self::drain_queue`] during a migration: each request is served from pop to used with
+    /// the vring locked, on this thread. QEMU stops the rings (GET_VRING_BASE, which takes the
+    /// same lock) before it sends the last dirty pages and then the device state: a request
+    /// answered after that would reach neither the guest's memory on the destination nor its
+    /// used index, and the guest would wait for it forever. Holding the lock makes the stop wait
+    /// for the request in hand (the guest is paused by then, so no more come). SETLKW, which may
+    /// wait for the guest's own unlock, still goes to a worker.
+    fn drain_queue_locked(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+        let guard = mem.memory();
+        loop {
+            if self.inner.closed.load(Ordering::Acquire) {
+                break;
+            }
+            let mut state = vring.get_mut();
+            let Some(chain) = state.get_queue_mut().pop_descriptor_chain(guard.clone()) else {
+                break;
+            };
+            let pending = Pending {
+                in_flight: self.inner.in_flight.enter(),
+                depth: metrics::global().queue_enter(queue),
+                header: read_header(&guard, &chain),
+                guard: guard.clone(),
+                chain,
+            };
+            if pending.opcode() == Some(FUSE_SETLKW) {
+                drop(state);
+                if let Some(pool) = self.inner.pool.as_ref().or(self.inner.waits_pool.as_ref()) {
+                    self.submit(pool, vring, pending, queue, true);
+                } else {
+                    pending.serve(&self.inner.server, vring, queue, None);
+                }
+                continue;
+            }
+            bounce::warm();
+            let head = pending.chain.head_index();
+            let used = match serve_chain(
+                &self.inner.server,
+                &pending.guard,
+                pending.chain.clone(),
+                pending.header,
+                queue,
+            ) {
+                Ok(n) => u32::try_from(n).unwrap_or(0),
+                Err(e) => {
+                    if !matches!(e, ChainError::Server(_)) {
+                        metrics::global().record_malformed();
+                    }
+                    warn!(queue, head, error = %error_chain(&e), "Malformed request; returning it unanswered");
+                    0
+                }
+            };
+            if let Err(e) = state.add_used(head, used) {
+                warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
+                continue;
+            }
+            if !matches!(state.needs_notification(), Ok(false)) {
+                if let Err(e) = state.signal_used_queue() {
+                    warn!(queue, error = %e, "Cannot notify the guest");
+                }
+            }
         }
     }
 
@@ -692,7 +893,7 @@ impl<F> VhostUserBackend for VhostUserFsBackend<F>
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
 {
-    type Bitmap = ();
+    type Bitmap = GuestBitmap;
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
@@ -708,6 +909,12 @@ where
             | (1 << VIRTIO_RING_F_EVENT_IDX)
             | (1 << VIRTIO_RING_F_INDIRECT_DESC)
             | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+            | if self.inner.device_state.get().is_some() {
+                // Migration: the guest memory we write is logged (see `GuestBitmap`).
+                VhostUserVirtioFeatures::LOG_ALL.bits()
+            } else {
+                0
+            }
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -715,7 +922,31 @@ where
         if self.inner.config_space.is_some() {
             f |= VhostUserProtocolFeatures::CONFIG;
         }
+        if self.inner.device_state.get().is_some() {
+            f |= VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD;
+        }
         f
+    }
+
+    fn set_device_state_fd(
+        &self,
+        direction: VhostTransferStateDirection,
+        phase: VhostTransferStatePhase,
+        file: File,
+    ) -> io::Result<Option<File>> {
+        self.start_transfer(direction, phase, file)?;
+        Ok(None)
+    }
+
+    fn check_device_state(&self) -> io::Result<()> {
+        self.finish_transfer()
+    }
+
+    fn acked_features(&self, features: u64) {
+        let logging = features & VhostUserVirtioFeatures::LOG_ALL.bits() != 0;
+        if self.inner.logging.swap(logging, Ordering::AcqRel) != logging {
+            debug!(logging, "dirty page logging changed");
+        }
     }
 
     fn set_event_idx(&self, enabled: bool) {

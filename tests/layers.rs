@@ -20,6 +20,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("server::wire", &[]),
     // The uid/gid translation rules and the typed ids of both sides.
     ("idmap", &[]),
+    // The device state format of live migration, and the filesystem's side of it as a trait.
+    ("migration", &[]),
     // Counters take plain values; the wire format names their labels.
     ("metrics", &["server::wire"]),
     // The quarantine: its gate, watcher and operator command, on its own settings type.
@@ -27,11 +29,21 @@ const LAYERS: &[(&str, &[&str])] = &[
     // The filesystem: FUSE semantics over CephFS.
     (
         "fs",
-        &["ceph", "idmap", "metrics", "quarantine", "server::wire"],
+        &[
+            "ceph",
+            "idmap",
+            "metrics",
+            "migration",
+            "quarantine",
+            "server::wire",
+        ],
     ),
     // FUSE dispatch and the vhost-user transport: generic over the filesystem, nothing of Ceph.
     ("server", &["metrics", "server::wire"]),
-    ("vhost_user", &["metrics", "poll", "server", "server::wire"]),
+    (
+        "vhost_user",
+        &["metrics", "migration", "poll", "server", "server::wire"],
+    ),
     // The command line (clap types) and the validated `Config` built from it.
     ("args", &[]),
     (
@@ -43,6 +55,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "idmap",
             "logging",
             "metrics",
+            "migration",
             "quarantine",
             "sandbox",
             "vhost_user",
@@ -55,6 +68,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "args",
             "config",
             "metrics",
+            "migration",
             "sandbox",
             "server",
             "server::wire",

@@ -224,6 +224,13 @@ fn vhost_user_descriptor_agrees_with_print_capabilities() {
             "descriptor type vs capabilities"
         );
         assert_eq!(caps["type"], "fs");
+        // libvirt refuses to migrate a domain whose virtiofs back-end does not say this.
+        assert!(
+            caps["features"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|f| f == "migrate-precopy")),
+            "{caps}"
+        );
     }
 }
 

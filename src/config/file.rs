@@ -71,6 +71,7 @@ pub struct FileVhostUser {
     pub queues: Option<u16>,
     pub poll_us: Option<u64>,
     pub keep_serving: Option<bool>,
+    pub migration_on_error: Option<cli::MigrationOnError>,
 }
 
 #[derive(Debug, Default, Deserialize)]

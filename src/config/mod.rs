@@ -82,6 +82,8 @@ pub struct Config {
     /// the window adapts below it.
     pub poll_us: u64,
     pub keep_serving: bool,
+    /// Live migration: what a destination does with entries it cannot resolve.
+    pub migration_on_error: crate::migration::OnError,
     pub cache: CacheMode,
     pub xattr: bool,
     /// Per-guest limits and policy of the filesystem layer.
@@ -574,6 +576,15 @@ impl Config {
             queues,
             poll_us,
             keep_serving: args.keep_serving || file.vhost_user.keep_serving.unwrap_or(false),
+            migration_on_error: match args
+                .migration_on_error
+                .or(file.vhost_user.migration_on_error)
+            {
+                Some(crate::args::MigrationOnError::Abort) => crate::migration::OnError::Abort,
+                Some(crate::args::MigrationOnError::GuestError) | None => {
+                    crate::migration::OnError::GuestError
+                }
+            },
             cache,
             xattr,
             guest,
@@ -709,6 +720,30 @@ mod tests {
             argv.extend(bad);
             assert!(matches!(parse(&argv), Err(ConfigError::BadLimit(..))));
         }
+    }
+
+    #[test]
+    fn migration_on_error_from_the_command_line_or_the_file() {
+        use crate::migration::OnError;
+        let c = parse(&["--socket-path", "/tmp/s"]).unwrap();
+        assert_eq!(c.migration_on_error, OnError::GuestError);
+        let c = parse(&["--socket-path", "/tmp/s", "--migration-on-error", "abort"]).unwrap();
+        assert_eq!(c.migration_on_error, OnError::Abort);
+        let file: FileConfig =
+            toml::from_str("[vhost-user]\nmigration-on-error = \"abort\"\n").unwrap();
+        let args = Args::try_parse_from(["ceph-virtiofsd", "--socket-path", "/tmp/s"]).unwrap();
+        assert_eq!(
+            Config::merge(args, file).unwrap().migration_on_error,
+            OnError::Abort
+        );
+        assert!(Args::try_parse_from([
+            "ceph-virtiofsd",
+            "--socket-path",
+            "/tmp/s",
+            "--migration-on-error",
+            "retry"
+        ])
+        .is_err());
     }
 
     #[test]

@@ -14,6 +14,25 @@ pub struct DirStream {
     pending: Option<Box<ceph_client::DirEntryPlus>>,
 }
 
+impl DirStream {
+    /// Offset of the next entry the guest will ask for (migration).
+    pub(super) fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// A stream opened again by a migration destination, at the source's position.
+    pub(super) fn restored(mut dir: Dir, pos: u64) -> io::Result<Self> {
+        if pos != 0 {
+            dir.seekdir(to_off(pos)?);
+        }
+        Ok(DirStream {
+            dir,
+            pos,
+            pending: None,
+        })
+    }
+}
+
 /// One READDIR or READDIRPLUS request.
 struct DirRead {
     inode: u64,

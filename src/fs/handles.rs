@@ -24,6 +24,8 @@ pub struct HandleTable<H> {
     /// Most handles the table holds; an insert beyond it fails with ENFILE. `usize::MAX`: no
     /// limit.
     max: AtomicUsize,
+    /// Handles a migration could not open again, with their node: ESTALE until released.
+    stale: RwLock<HashMap<u64, u64>>,
 }
 
 /// One open handle and the node it was opened on.
@@ -40,6 +42,7 @@ impl<H> Default for HandleTable<H> {
             next: AtomicU64::new(session_base()),
             count: AtomicUsize::new(0),
             max: AtomicUsize::new(usize::MAX),
+            stale: RwLock::default(),
         }
     }
 }
@@ -103,8 +106,63 @@ impl<H> HandleTable<H> {
             .get(&fh)
         {
             Some(e) if e.node == node => Ok(e.clone()),
-            _ => Err(libc::EBADF),
+            _ => Err(self.missing(node, fh, false)),
         }
+    }
+
+    /// The errno for a handle not in the table: ESTALE for one a migration lost (taken out of
+    /// the stale set on `release`), EBADF otherwise.
+    #[cold]
+    fn missing(&self, node: u64, fh: u64, release: bool) -> i32 {
+        let stale = |s: &HashMap<u64, u64>| s.get(&fh) == Some(&node);
+        if !stale(&self.stale.read().unwrap_or_else(|e| e.into_inner())) {
+            return libc::EBADF;
+        }
+        if release {
+            self.stale
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&fh);
+        }
+        libc::ESTALE
+    }
+
+    /// Enter a handle under the number a previous daemon gave the guest (migration). EEXIST
+    /// for a number in use; the limit is not applied (the guest holds it already).
+    pub fn restore(&self, fh: u64, node: u64, handle: H) -> Result<(), i32> {
+        let mut shard = self.shard(fh).write().unwrap_or_else(|e| e.into_inner());
+        if fh == 0 || shard.contains_key(&fh) {
+            return Err(libc::EEXIST);
+        }
+        shard.insert(fh, Arc::new(Entry { node, handle }));
+        self.count.fetch_add(1, Ordering::Relaxed);
+        drop(shard);
+        self.next.fetch_max(fh.saturating_add(1), Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Mark handle `fh` of `node` as lost in a migration: every use is ESTALE until released.
+    pub fn restore_stale(&self, fh: u64, node: u64) {
+        self.stale
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(fh, node);
+        self.next.fetch_max(fh.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// Every handle with its number (migration: the device is stopped).
+    pub fn snapshot(&self) -> Vec<(u64, Arc<Entry<H>>)> {
+        let mut out = Vec::new();
+        for s in &self.shards {
+            let s = s.read().unwrap_or_else(|e| e.into_inner());
+            out.extend(s.iter().map(|(&fh, e)| (fh, e.clone())));
+        }
+        out
+    }
+
+    /// Handles a migration lost and the guest has not released.
+    pub fn stale_count(&self) -> usize {
+        self.stale.read().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Remove the handle; the caller drops the last reference outside the table's lock.
@@ -116,7 +174,10 @@ impl<H> HandleTable<H> {
                 self.count.fetch_sub(1, Ordering::Relaxed);
                 Ok(e)
             }
-            _ => Err(libc::EBADF),
+            _ => {
+                drop(shard);
+                Err(self.missing(node, fh, true))
+            }
         }
     }
 
@@ -145,6 +206,10 @@ impl<H> HandleTable<H> {
             );
         }
         self.count.store(0, Ordering::Relaxed);
+        self.stale
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         drop(dropped);
     }
 }
@@ -185,6 +250,25 @@ mod tests {
         for fh in [first, last, next_session, other] {
             assert!(fh != 0 && fh < 1 << 62, "{fh}");
         }
+    }
+
+    #[test]
+    fn restored_handles_keep_their_numbers_and_lost_ones_are_stale() {
+        let t = HandleTable::default();
+        t.restore(1000, 7, "file").unwrap();
+        assert_eq!(t.restore(1000, 7, "again").unwrap_err(), libc::EEXIST);
+        assert_eq!(t.get(7, 1000).unwrap().handle, "file");
+        t.restore_stale(2000, 8);
+        assert_eq!(t.get(8, 2000).unwrap_err(), libc::ESTALE);
+        // Another node's view of the lost number is a plain bad handle.
+        assert_eq!(t.get(9, 2000).unwrap_err(), libc::EBADF);
+        // New handles never take a restored or lost number.
+        assert!(t.insert(7, "new").unwrap() > 2000);
+        assert_eq!(t.snapshot().len(), 2);
+        // Release of the lost handle says so once, then it is gone.
+        assert_eq!(t.remove(8, 2000).unwrap_err(), libc::ESTALE);
+        assert_eq!(t.get(8, 2000).unwrap_err(), libc::EBADF);
+        assert_eq!(t.stale_count(), 0);
     }
 
     #[test]

@@ -82,6 +82,9 @@ impl CephFs {
             if !sleep {
                 op |= libc::LOCK_NB;
             }
+            if op & libc::LOCK_UN == 0 {
+                f.flocked.store(true, Ordering::Relaxed);
+            }
             f.file.flock(op, owner)?;
             if sleep && op != libc::LOCK_UN {
                 self.after_lock_wait(&f, uid, || f.file.flock(libc::LOCK_UN, owner))?;

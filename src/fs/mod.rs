@@ -32,6 +32,7 @@ pub mod perms;
 pub mod policy;
 pub mod shards;
 pub mod side;
+mod state;
 mod stats;
 mod xattr;
 
@@ -167,6 +168,8 @@ pub struct CephFs {
     side: side::SideClient,
     /// The snapshot directory's name (libcephfs's `client_snapdir`).
     snapdir: Box<[u8]>,
+    /// Live migration of the guest's session ([`state`]).
+    migration: state::Migration,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -260,6 +263,7 @@ impl CephFs {
             killpriv: AtomicBool::new(false),
             cached: cached::CachedInodes::default(),
             limits: LimitStats::default(),
+            migration: state::Migration::default(),
         })
     }
 
@@ -358,6 +362,7 @@ impl FileSystem for CephFs {
         }
         let on = self.cfg.killpriv_v2 && capable.contains(FsOptions::HANDLE_KILLPRIV_V2);
         self.killpriv.store(on, Ordering::Relaxed);
+        self.migration.note_init(capable);
         tracing::info!(killpriv_v2 = on, cache = %self.cfg.cache, "FUSE session starts");
         Ok(want)
     }

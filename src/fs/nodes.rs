@@ -129,6 +129,15 @@ impl<T> Node<T> {
         self.domain
             .store(pack((domain, generation)), Ordering::Release);
     }
+
+    /// Set where the node was found (migration: links are restored once every node is).
+    pub fn set_link(&self, link: Option<Link<T>>) {
+        let old = std::mem::replace(
+            &mut *self.link.lock().unwrap_or_else(|e| e.into_inner()),
+            link,
+        );
+        drop(old);
+    }
 }
 
 /// Identity hasher for node ids (already well spread for allocated ids; inode numbers are
@@ -336,6 +345,58 @@ impl<T> NodeTable<T> {
         }
         // `removed` drops here, outside every lock: releasing the libcephfs reference may take
         // libcephfs's client_lock.
+    }
+
+    /// Every node but the root (migration: the device is stopped, nothing changes the table).
+    pub fn snapshot(&self) -> Vec<Arc<Node<T>>> {
+        let mut out = Vec::with_capacity(self.count.load(Ordering::Relaxed));
+        for s in &self.shards {
+            let s = s.read().unwrap_or_else(|e| e.into_inner());
+            out.extend(
+                s.iter()
+                    .filter(|(&id, _)| id != ROOT_ID)
+                    .map(|(_, n)| n.clone()),
+            );
+        }
+        out
+    }
+
+    /// Enter a node under the id and with the lookups a previous daemon gave the guest
+    /// (migration). The node limit is not applied: the guest holds these already. EEXIST for
+    /// an id in use (the root, or a duplicate), EINVAL for an id this table would give another
+    /// inode (a head inode's id is its inode number).
+    pub fn restore(&self, id: u64, new: NewNode<T>, lookups: u64) -> Result<Arc<Node<T>>, i32> {
+        match self.direct_id(new.vino) {
+            Some(direct) if direct != id => return Err(libc::EINVAL),
+            Some(_) => {}
+            None if id & ALLOCATED_BIT == 0 => return Err(libc::EINVAL),
+            None => {
+                let mut rev = self.allocated.lock().unwrap_or_else(|e| e.into_inner());
+                if rev.contains_key(&new.vino) {
+                    return Err(libc::EEXIST);
+                }
+                rev.insert(new.vino, id);
+                // Ids allocated from now on come after every restored one.
+                self.next_id
+                    .fetch_max(id.saturating_add(1), Ordering::Relaxed);
+            }
+        }
+        let mut shard = self.shard(id).write().unwrap_or_else(|e| e.into_inner());
+        if shard.contains_key(&id) {
+            return Err(libc::EEXIST);
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        let node = Arc::new(Node {
+            id,
+            vino: new.vino,
+            kind: new.kind,
+            domain: AtomicU64::new(pack(new.domain)),
+            link: Mutex::new(new.link),
+            inode: new.inode,
+            lookups: AtomicU64::new(lookups.max(1)),
+        });
+        shard.insert(id, node.clone());
+        Ok(node)
     }
 
     /// Number of nodes in the table.
@@ -557,6 +618,48 @@ mod tests {
             th.join().unwrap();
         }
         assert_eq!(t.len(), 1, "only the root is left");
+    }
+
+    #[test]
+    fn restored_nodes_keep_their_ids_and_lookups() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let n = t.restore(0x2000, new(head(0x2000), &d), 4).unwrap();
+        assert_eq!((n.id, n.lookups()), (0x2000, 4));
+        let snap = Vino {
+            ino: 0x2000,
+            snapid: 5,
+        };
+        let id = ALLOCATED_BIT | 40;
+        assert_eq!(t.restore(id, new(snap, &d), 1).unwrap().id, id);
+        // The same snapshot looked up again is the restored node; a new one comes after it.
+        assert_eq!(ins(&t, new(snap, &d)).id, id);
+        let other = Vino {
+            ino: 0x2001,
+            snapid: 5,
+        };
+        assert!(ins(&t, new(other, &d)).id > id);
+        // A head inode under another id, an allocated id for a head inode, a duplicate.
+        assert_eq!(
+            t.restore(0x3000, new(head(0x3001), &d), 1).unwrap_err(),
+            libc::EINVAL
+        );
+        assert_eq!(
+            t.restore(ALLOCATED_BIT | 50, new(head(0x3001), &d), 1)
+                .unwrap_err(),
+            libc::EINVAL
+        );
+        assert_eq!(
+            t.restore(0x2000, new(head(0x2000), &d), 1).unwrap_err(),
+            libc::EEXIST
+        );
+        assert_eq!(
+            t.restore(ROOT_ID, new(head(1), &d), 1).unwrap_err(),
+            libc::EEXIST
+        );
+        assert_eq!(t.snapshot().len(), 3);
+        t.forget(0x2000, 4);
+        assert!(t.get(0x2000).is_none());
     }
 
     #[test]

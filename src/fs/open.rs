@@ -23,6 +23,10 @@ pub struct OpenFile {
     pub(super) writable: bool,
     /// POSIX locks were taken through this handle: FLUSH must release the owner's locks.
     pub(super) locked: AtomicBool,
+    /// BSD locks were taken through this handle (a migration asks whether one is held).
+    pub(super) flocked: AtomicBool,
+    /// The open flags libcephfs got (a migration opens the file again with them).
+    pub(super) oflags: i32,
     /// The node it was opened on: its quarantine domain is asked on every request, so a
     /// handle follows its node's domain when that is derived again.
     pub(super) node: Arc<Node>,
@@ -30,7 +34,12 @@ pub struct OpenFile {
 
 impl OpenFile {
     /// A handle opened with `oflags` (as libcephfs got them) on `node`.
-    fn new(file: File, writer: Option<File>, oflags: i32, node: &Arc<Node>) -> Arc<Self> {
+    pub(super) fn new(
+        file: File,
+        writer: Option<File>,
+        oflags: i32,
+        node: &Arc<Node>,
+    ) -> Arc<Self> {
         Arc::new(OpenFile {
             file,
             ino: node.vino.ino,
@@ -39,6 +48,8 @@ impl OpenFile {
             noted: AtomicBool::new(false),
             writable: oflags & libc::O_ACCMODE != libc::O_RDONLY,
             locked: AtomicBool::new(false),
+            flocked: AtomicBool::new(false),
+            oflags,
             node: node.clone(),
         })
     }

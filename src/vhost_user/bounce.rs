@@ -18,6 +18,7 @@ use std::cell::RefCell;
 use std::mem::size_of;
 use std::sync::Arc;
 
+use super::GuestBitmap;
 use fuse_backend_rs::abi::fuse_abi::InHeader;
 use virtio_bindings::virtio_ring::VRING_DESC_F_NEXT;
 use virtio_queue::desc::split::Descriptor;
@@ -50,9 +51,9 @@ const DESC_F_NEXT: u16 = {
 
 thread_local! {
     /// This thread's private region, made on first use.
-    static REGION: RefCell<Option<Arc<GuestRegionMmap<()>>>> = const { RefCell::new(None) };
+    static REGION: RefCell<Option<Arc<GuestRegionMmap<GuestBitmap>>>> = const { RefCell::new(None) };
     /// The last memory map [`compose`] built here: reused while guest memory is unchanged.
-    static COMPOSED: RefCell<Option<Arc<GuestMemoryMmap<()>>>> = const { RefCell::new(None) };
+    static COMPOSED: RefCell<Option<Arc<GuestMemoryMmap<GuestBitmap>>>> = const { RefCell::new(None) };
 }
 
 /// Why the private request could not be built; the chain is returned unanswered.
@@ -68,14 +69,14 @@ pub enum BounceError {
     Setup(String),
 }
 
-fn region() -> Result<Arc<GuestRegionMmap<()>>, BounceError> {
+fn region() -> Result<Arc<GuestRegionMmap<GuestBitmap>>, BounceError> {
     REGION.with(|r| {
         let mut r = r.borrow_mut();
         if let Some(region) = r.as_ref() {
             return Ok(region.clone());
         }
-        let mapping =
-            MmapRegion::<()>::new(REGION_SIZE).map_err(|e| BounceError::Setup(e.to_string()))?;
+        let mapping = MmapRegion::<GuestBitmap>::new(REGION_SIZE)
+            .map_err(|e| BounceError::Setup(e.to_string()))?;
         let region = GuestRegionMmap::new(mapping, GuestAddress(BASE))
             .map(Arc::new)
             .ok_or_else(|| BounceError::Setup("private region address overflows".into()))?;
@@ -94,8 +95,8 @@ pub(super) fn warm() {
 /// copied; the map is cached per thread while they stay the same, and it keeps the regions
 /// it names alive, so a region at the same address is the same mapping.)
 pub(super) fn compose(
-    guest: &GuestMemoryMmap<()>,
-) -> Result<Arc<GuestMemoryMmap<()>>, BounceError> {
+    guest: &GuestMemoryMmap<GuestBitmap>,
+) -> Result<Arc<GuestMemoryMmap<GuestBitmap>>, BounceError> {
     if guest.last_addr().raw_value() >= BASE {
         return Err(BounceError::MemoryTooHigh);
     }
@@ -120,11 +121,11 @@ pub(super) fn compose(
 /// A descriptor chain in `composite` (from [`compose`] over `guest`): `header` from the
 /// private region, then the readable bytes of `chain` that follow its in-header.
 pub(super) fn request_chain<'a, M>(
-    composite: &'a GuestMemoryMmap<()>,
-    guest: &GuestMemoryMmap<()>,
+    composite: &'a GuestMemoryMmap<GuestBitmap>,
+    guest: &GuestMemoryMmap<GuestBitmap>,
     chain: DescriptorChain<M>,
     header: &InHeader,
-) -> Result<DescriptorChain<&'a GuestMemoryMmap<()>>, BounceError>
+) -> Result<DescriptorChain<&'a GuestMemoryMmap<GuestBitmap>>, BounceError>
 where
     M: std::ops::Deref,
     M::Target: GuestMemory,

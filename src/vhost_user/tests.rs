@@ -280,14 +280,14 @@ impl ExtraOps for TestFs {
 
 /// The guest driver's side of one queue.
 struct Driver<'a> {
-    gm: &'a GuestMemoryMmap<()>,
-    mq: MockSplitQueue<'a, GuestMemoryMmap<()>>,
+    gm: &'a GuestMemoryMmap<GuestBitmap>,
+    mq: MockSplitQueue<'a, GuestMemoryMmap<GuestBitmap>>,
     next_desc: u16,
     next_data: u64,
 }
 
 impl<'a> Driver<'a> {
-    fn new(gm: &'a GuestMemoryMmap<()>) -> Self {
+    fn new(gm: &'a GuestMemoryMmap<GuestBitmap>) -> Self {
         Driver {
             gm,
             mq: MockSplitQueue::create(gm, GuestAddress(0), QSIZE),
@@ -474,8 +474,8 @@ fn polling_backend() -> VhostUserFsBackend<TestFs> {
     VhostUserFsBackend::new(Arc::new(TestFs::default()), &options).unwrap_or_else(|e| panic!("{e}"))
 }
 
-fn memory() -> (Arc<GuestMemoryMmap<()>>, GuestMem) {
-    let gm = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
+fn memory() -> (Arc<GuestMemoryMmap<GuestBitmap>>, GuestMem) {
+    let gm = GuestMemoryMmap::<GuestBitmap>::from_ranges(&[(GuestAddress(0), MEM_SIZE)])
         .unwrap_or_else(|e| panic!("{e}"));
     let gm = Arc::new(gm);
     let atomic = GuestMemoryAtomic::from(gm.clone());
@@ -1520,4 +1520,186 @@ fn hostile_reconnect_drops_the_previous_sessions_handles() {
     let reply: OutHeader = driver.read(flushed);
     assert_eq!((reply.error, reply.unique), (-libc::EBADF, 2));
     assert_eq!(fs.destroyed.load(AtomicOrdering::SeqCst), 1);
+}
+
+/// The test filesystem's session for migration: its open handles (all files, flags 0).
+impl crate::migration::DeviceState for TestFs {
+    fn save_state(&self) -> Result<Vec<u8>, MigrationError> {
+        if *self.held.0.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Err(MigrationError::LocksHeld(1));
+        }
+        let open = self
+            .handles
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut handles: Vec<_> = open
+            .iter()
+            .map(|(&fh, &node)| crate::migration::HandleState {
+                fh,
+                node,
+                kind: crate::migration::HandleKind::File { oflags: 0 },
+            })
+            .collect();
+        handles.sort_by_key(|h| h.fh);
+        Ok(crate::migration::State {
+            handles,
+            ..Default::default()
+        }
+        .encode())
+    }
+
+    fn load_state(&self, bytes: &[u8]) -> Result<crate::migration::LoadReport, MigrationError> {
+        let state = crate::migration::State::decode(bytes)?;
+        let mut open = self
+            .handles
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for h in &state.handles {
+            open.insert(h.fh, h.node);
+        }
+        Ok(crate::migration::LoadReport {
+            handles: state.handles.len(),
+            ..Default::default()
+        })
+    }
+}
+
+/// A pipe: (read end, write end).
+fn pipe() -> (File, File) {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` is a valid array of two ints for pipe2 to fill.
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    assert_eq!(r, 0, "pipe2: {}", io::Error::last_os_error());
+    // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
+    unsafe {
+        use std::os::fd::FromRawFd;
+        (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1]))
+    }
+}
+
+#[test]
+fn device_state_moves_through_set_device_state_fd_and_check() {
+    let (src, src_fs) = backend(1, None);
+    assert!(!src
+        .protocol_features()
+        .contains(VhostUserProtocolFeatures::DEVICE_STATE));
+    assert_eq!(src.features() & VhostUserVirtioFeatures::LOG_ALL.bits(), 0);
+    src.enable_migration(src_fs.clone());
+    // QEMU migrates a vhost-user device only if it logs the guest memory it writes.
+    assert!(src
+        .protocol_features()
+        .contains(VhostUserProtocolFeatures::DEVICE_STATE | VhostUserProtocolFeatures::LOG_SHMFD));
+    assert_ne!(src.features() & VhostUserVirtioFeatures::LOG_ALL.bits(), 0);
+    let a = src_fs.handles.insert(5);
+    let b = src_fs.handles.insert(6);
+
+    // Save: the backend writes the state and closes its end; the frontend reads to EOF.
+    let (mut rd, wr) = pipe();
+    let back = src
+        .set_device_state_fd(
+            VhostTransferStateDirection::SAVE,
+            VhostTransferStatePhase::STOPPED,
+            wr,
+        )
+        .unwrap();
+    assert!(back.is_none());
+    let mut blob = Vec::new();
+    rd.read_to_end(&mut blob).unwrap();
+    src.check_device_state().unwrap();
+    // A second check without a transfer is an error, not a stale success.
+    assert!(src.check_device_state().is_err());
+
+    // Load into another backend.
+    let (dst, dst_fs) = backend(1, None);
+    dst.enable_migration(dst_fs.clone());
+    let (rd, mut wr) = pipe();
+    dst.set_device_state_fd(
+        VhostTransferStateDirection::LOAD,
+        VhostTransferStatePhase::STOPPED,
+        rd,
+    )
+    .unwrap();
+    wr.write_all(&blob).unwrap();
+    drop(wr);
+    dst.check_device_state().unwrap();
+    assert_eq!(dst_fs.handles.get(5, a), Ok(a));
+    assert_eq!(dst_fs.handles.get(6, b), Ok(b));
+
+    // Damaged bytes fail the check (QEMU then fails the migration).
+    let (dst2, dst2_fs) = backend(1, None);
+    dst2.enable_migration(dst2_fs);
+    let (rd, mut wr) = pipe();
+    dst2.set_device_state_fd(
+        VhostTransferStateDirection::LOAD,
+        VhostTransferStatePhase::STOPPED,
+        rd,
+    )
+    .unwrap();
+    wr.write_all(&blob[..blob.len() - 1]).unwrap();
+    drop(wr);
+    assert!(dst2.check_device_state().is_err());
+}
+
+#[test]
+fn a_refused_save_closes_the_fd_and_fails_the_check() {
+    let (src, src_fs) = backend(1, None);
+    src.enable_migration(src_fs.clone());
+    *src_fs.held.0.lock().unwrap() = true;
+    let (mut rd, wr) = pipe();
+    src.set_device_state_fd(
+        VhostTransferStateDirection::SAVE,
+        VhostTransferStatePhase::STOPPED,
+        wr,
+    )
+    .unwrap();
+    // The frontend is not left waiting: EOF with nothing written.
+    let mut blob = Vec::new();
+    rd.read_to_end(&mut blob).unwrap();
+    assert!(blob.is_empty());
+    assert!(src.check_device_state().is_err());
+}
+
+#[test]
+fn without_migration_the_device_state_messages_are_refused() {
+    let (b, _) = backend(1, None);
+    let (_rd, wr) = pipe();
+    assert!(b
+        .set_device_state_fd(
+            VhostTransferStateDirection::SAVE,
+            VhostTransferStatePhase::STOPPED,
+            wr,
+        )
+        .is_err());
+}
+
+/// While the frontend logs dirty pages (a migration), every request is answered before the
+/// queue thread lets go of the vring: nothing is in flight when QEMU stops the rings.
+#[test]
+fn while_logging_requests_are_answered_with_the_vring_held() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(2, None);
+    backend.update_memory(mem.clone()).unwrap();
+    backend.enable_migration(fs.clone());
+    backend.acked_features(backend.features());
+    // LOOKUPs known to be slow: outside a migration all but the last of a batch go to workers.
+    backend
+        .inner
+        .cost
+        .freeze_with(&[(FUSE_LOOKUP, Duration::from_millis(1))]);
+    driver.submit(&init_request(1), 256);
+    for unique in 2..=5 {
+        driver.submit(&lookup_request(unique, "slow"), 256);
+    }
+    kick(&backend, &vring, 1);
+    // No drain: all five were answered on the queue thread before the kick returned.
+    assert_eq!(driver.used_idx(), 5);
+    assert_eq!(backend.inner.in_flight.count.load(Ordering::Acquire), 0);
+    assert_eq!(fs.take_served(), vec![(FUSE_LOOKUP, false); 4]);
+    // Logging off: back to the workers.
+    backend.acked_features(backend.features() & !VhostUserVirtioFeatures::LOG_ALL.bits());
+    assert!(!backend.inner.logging.load(Ordering::Acquire));
 }

@@ -1,0 +1,481 @@
+//! Device state for live migration: what a guest's FUSE session holds, in a versioned byte
+//! format, and the interface between the vhost-user layer (which moves the bytes) and the
+//! filesystem (which produces and resolves them).
+//!
+//! A leaf: nothing here knows Ceph, FUSE dispatch or virtqueues. The format is documented in
+//! README ("Migration: the state format"); in short, all integers little-endian:
+//!
+//! ```text
+//! header   magic "CVFSSTAT" (8 bytes), version u32, body length u64, FNV-1a 64 of the body u64
+//! body     fuse_capable u64          FUSE INIT flags the guest offered (flags | flags2 << 32)
+//!          idmap_fingerprint u64     FNV-1a of the --translate-uid/--translate-gid rules
+//!          root_ino u64, root_snapid u64   the export root (node 1)
+//!          node_count u32, then per node:
+//!            id u64, ino u64, snapid u64, kind u32 (S_IFMT bits), lookups u64,
+//!            parent u64 (0: none), name_len u16, name bytes
+//!          handle_count u32, then per handle:
+//!            fh u64, node u64, type u8 (1 file, 2 directory),
+//!            file: oflags i32 | directory: position u64
+//! ```
+//!
+//! Version 1 is the only version: a reader refuses any other (a newer daemon that changes the
+//! layout bumps it, and keeps reading the older ones it knows).
+
+use std::fmt;
+
+/// First bytes of every state blob.
+pub const MAGIC: [u8; 8] = *b"CVFSSTAT";
+/// The format version this daemon writes and reads.
+pub const VERSION: u32 = 1;
+/// Most bytes a state blob may take: a frontend cannot make the destination allocate more.
+/// 100,000 nodes take about 6 MB.
+pub const MAX_STATE_LEN: u64 = 1 << 30;
+/// Longest name of a node in its parent.
+const MAX_NAME: usize = 4096;
+/// Fixed part of a node record and the smallest handle record: how many records a body of a
+/// given length can hold at most (a count beyond it is corrupt, and is never allocated for).
+const NODE_FIXED: usize = 8 + 8 + 8 + 4 + 8 + 8 + 2;
+const HANDLE_MIN: usize = 8 + 8 + 1 + 4;
+
+const HANDLE_FILE: u8 = 1;
+const HANDLE_DIR: u8 = 2;
+
+/// The FUSE session of a guest, as moved from the source daemon to the destination.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// FUSE INIT flags the guest offered (what `FileSystem::init` got as `capable`).
+    pub fuse_capable: u64,
+    /// [`fingerprint`] of the id mapping: the destination must translate ids the same way.
+    pub idmap_fingerprint: u64,
+    /// The export root's inode number and snapshot id.
+    pub root: (u64, u64),
+    /// Every node the guest holds but the root.
+    pub nodes: Vec<NodeState>,
+    /// Every open handle.
+    pub handles: Vec<HandleState>,
+}
+
+/// One node: a guest node id and the CephFS inode it stands for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeState {
+    pub id: u64,
+    pub ino: u64,
+    pub snapid: u64,
+    /// `S_IFMT` bits: a node whose inode came back as another type is not restored.
+    pub kind: u32,
+    /// Lookups the guest holds (what it will FORGET).
+    pub lookups: u64,
+    /// The node it was found in (0: none, or no longer in the table) and its name there.
+    pub parent: u64,
+    pub name: Vec<u8>,
+}
+
+/// One open handle.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HandleState {
+    pub fh: u64,
+    pub node: u64,
+    pub kind: HandleKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HandleKind {
+    /// An open file and the open(2) flags libcephfs got.
+    File { oflags: i32 },
+    /// A directory stream and the offset of its next entry.
+    Dir { pos: u64 },
+}
+
+/// Why a state blob could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum FormatError {
+    #[error("not a ceph-virtiofsd device state (bad magic)")]
+    BadMagic,
+    #[error("device state version {found} is not supported (this daemon reads version {VERSION}): migrate to a daemon of the same or a newer release")]
+    Version { found: u32 },
+    #[error("device state is truncated (reading {0})")]
+    Truncated(&'static str),
+    #[error("device state is corrupt ({0})")]
+    Corrupt(&'static str),
+    #[error("device state checksum mismatch: the bytes were damaged on the way")]
+    Checksum,
+}
+
+/// What the destination made of a loaded state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    pub nodes: usize,
+    pub handles: usize,
+    /// Nodes whose inode could not be found again (deleted meanwhile, access lost): ESTALE.
+    pub lost_nodes: usize,
+    /// Handles that could not be opened again: ESTALE on every use.
+    pub lost_handles: usize,
+}
+
+impl fmt::Display for LoadReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} nodes and {} handles restored, {} nodes and {} handles lost",
+            self.nodes, self.handles, self.lost_nodes, self.lost_handles
+        )
+    }
+}
+
+/// Why a migration step failed on one side. The vhost-user layer reports it to the frontend as
+/// a failed CHECK_DEVICE_STATE, so QEMU fails the migration and the source keeps running.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error("the guest holds {0} file lock(s): migration is refused (locks are not moved); release them and migrate again")]
+    LocksHeld(usize),
+    #[error("the destination exports another directory (root inode {found:#x}, the source's is {expected:#x}): start it with the same --ceph-root")]
+    OtherExport { expected: u64, found: u64 },
+    #[error("the destination translates ids differently (--translate-uid/--translate-gid): start it with the source's rules")]
+    IdMapping,
+    #[error("the destination already serves a FUSE session ({0} nodes, {1} handles): load state only into a fresh daemon")]
+    SessionActive(usize, usize),
+    #[error("{lost} of the guest's nodes and handles could not be found again (first: {first}), and --migration-on-error abort is set")]
+    Unresolved { lost: usize, first: String },
+    #[error("requests of the guest are still running: the device was not stopped")]
+    Busy,
+    #[error("state transfer: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What to do with an entry the destination cannot resolve.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OnError {
+    /// The node or handle answers ESTALE in the guest; the migration goes on.
+    #[default]
+    GuestError,
+    /// The migration fails (the source keeps running).
+    Abort,
+}
+
+/// The filesystem's side of migration: the vhost-user layer calls these while the device is
+/// stopped (no request is running).
+pub trait DeviceState: Send + Sync {
+    /// The guest's session as a state blob (see the module doc).
+    fn save_state(&self) -> Result<Vec<u8>, MigrationError>;
+    /// Take over the session in `bytes`: resolve every entry before returning.
+    fn load_state(&self, bytes: &[u8]) -> Result<LoadReport, MigrationError>;
+}
+
+/// FNV-1a, 64 bit: the body checksum and the id mapping's fingerprint (no crate for 10 lines).
+pub fn fingerprint(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+impl State {
+    /// The state blob.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::with_capacity(48 + self.nodes.len() * 64 + self.handles.len() * 32);
+        body.extend_from_slice(&self.fuse_capable.to_le_bytes());
+        body.extend_from_slice(&self.idmap_fingerprint.to_le_bytes());
+        body.extend_from_slice(&self.root.0.to_le_bytes());
+        body.extend_from_slice(&self.root.1.to_le_bytes());
+        put_count(&mut body, self.nodes.len());
+        for n in &self.nodes {
+            body.extend_from_slice(&n.id.to_le_bytes());
+            body.extend_from_slice(&n.ino.to_le_bytes());
+            body.extend_from_slice(&n.snapid.to_le_bytes());
+            body.extend_from_slice(&n.kind.to_le_bytes());
+            body.extend_from_slice(&n.lookups.to_le_bytes());
+            // A name too long for the format (never: CephFS names are at most 255 bytes) is
+            // saved without its link rather than cut.
+            let name = if n.name.len() <= MAX_NAME {
+                &n.name[..]
+            } else {
+                &[]
+            };
+            let parent = if name.is_empty() { 0 } else { n.parent };
+            body.extend_from_slice(&parent.to_le_bytes());
+            let len = u16::try_from(name.len()).unwrap_or(0);
+            body.extend_from_slice(&len.to_le_bytes());
+            body.extend_from_slice(name);
+        }
+        put_count(&mut body, self.handles.len());
+        for h in &self.handles {
+            body.extend_from_slice(&h.fh.to_le_bytes());
+            body.extend_from_slice(&h.node.to_le_bytes());
+            match h.kind {
+                HandleKind::File { oflags } => {
+                    body.push(HANDLE_FILE);
+                    body.extend_from_slice(&oflags.to_le_bytes());
+                }
+                HandleKind::Dir { pos } => {
+                    body.push(HANDLE_DIR);
+                    body.extend_from_slice(&pos.to_le_bytes());
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(body.len() + 28);
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&VERSION.to_le_bytes());
+        out.extend_from_slice(&u64::try_from(body.len()).unwrap_or(u64::MAX).to_le_bytes());
+        out.extend_from_slice(&fingerprint(&body).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// Read a state blob: any damage is an error, never a panic or a huge allocation.
+    pub fn decode(bytes: &[u8]) -> Result<State, FormatError> {
+        let mut r = Cursor(bytes);
+        let magic = r.take(MAGIC.len(), "magic")?;
+        if magic != MAGIC {
+            return Err(FormatError::BadMagic);
+        }
+        let version = r.u32("version")?;
+        if version != VERSION {
+            return Err(FormatError::Version { found: version });
+        }
+        let len = r.u64("body length")?;
+        let sum = r.u64("checksum")?;
+        let len = usize::try_from(len).map_err(|_| FormatError::Corrupt("body length"))?;
+        if len != r.0.len() {
+            return Err(if len > r.0.len() {
+                FormatError::Truncated("body")
+            } else {
+                FormatError::Corrupt("bytes after the body")
+            });
+        }
+        if fingerprint(r.0) != sum {
+            return Err(FormatError::Checksum);
+        }
+        let mut s = State {
+            fuse_capable: r.u64("fuse options")?,
+            idmap_fingerprint: r.u64("id mapping")?,
+            root: (r.u64("root")?, r.u64("root")?),
+            ..State::default()
+        };
+        let count = r.count("node count", NODE_FIXED)?;
+        s.nodes.reserve(count);
+        for _ in 0..count {
+            let id = r.u64("node")?;
+            let ino = r.u64("node")?;
+            let snapid = r.u64("node")?;
+            let kind = r.u32("node")?;
+            let lookups = r.u64("node")?;
+            let parent = r.u64("node")?;
+            let name_len = usize::from(r.u16("node name")?);
+            if name_len > MAX_NAME {
+                return Err(FormatError::Corrupt("node name length"));
+            }
+            let name = r.take(name_len, "node name")?.to_vec();
+            if id == 0 || lookups == 0 {
+                return Err(FormatError::Corrupt("node without id or lookups"));
+            }
+            s.nodes.push(NodeState {
+                id,
+                ino,
+                snapid,
+                kind,
+                lookups,
+                parent,
+                name,
+            });
+        }
+        let count = r.count("handle count", HANDLE_MIN)?;
+        s.handles.reserve(count);
+        for _ in 0..count {
+            let fh = r.u64("handle")?;
+            let node = r.u64("handle")?;
+            let kind = match r.u8("handle type")? {
+                HANDLE_FILE => HandleKind::File {
+                    oflags: i32::from_le_bytes(r.array("handle flags")?),
+                },
+                HANDLE_DIR => HandleKind::Dir {
+                    pos: r.u64("directory position")?,
+                },
+                _ => return Err(FormatError::Corrupt("handle type")),
+            };
+            s.handles.push(HandleState { fh, node, kind });
+        }
+        if !r.0.is_empty() {
+            return Err(FormatError::Corrupt("bytes after the last handle"));
+        }
+        Ok(s)
+    }
+}
+
+fn put_count(out: &mut Vec<u8>, n: usize) {
+    // Tables hold far fewer than 2^32 entries (--max-nodes, --max-handles).
+    out.extend_from_slice(&u32::try_from(n).unwrap_or(u32::MAX).to_le_bytes());
+}
+
+struct Cursor<'a>(&'a [u8]);
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], FormatError> {
+        if n > self.0.len() {
+            return Err(FormatError::Truncated(what));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], FormatError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, what)?);
+        Ok(a)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, FormatError> {
+        Ok(u8::from_le_bytes(self.array(what)?))
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, FormatError> {
+        Ok(u16::from_le_bytes(self.array(what)?))
+    }
+    fn u32(&mut self, what: &'static str) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+    /// A record count, checked against what the rest of the body can hold.
+    fn count(&mut self, what: &'static str, min_record: usize) -> Result<usize, FormatError> {
+        let n = usize::try_from(self.u32(what)?).map_err(|_| FormatError::Corrupt(what))?;
+        if n > self.0.len() / min_record {
+            return Err(FormatError::Truncated(what));
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> State {
+        State {
+            fuse_capable: 0x1234_5678_9abc_def0,
+            idmap_fingerprint: fingerprint(b"rules"),
+            root: (0x1000, u64::MAX - 1),
+            nodes: vec![
+                NodeState {
+                    id: 0x1001,
+                    ino: 0x1001,
+                    snapid: u64::MAX - 1,
+                    kind: libc::S_IFDIR,
+                    lookups: 3,
+                    parent: 1,
+                    name: b"dir".to_vec(),
+                },
+                NodeState {
+                    id: (1 << 63) | 2,
+                    ino: 0x1002,
+                    snapid: 7,
+                    kind: libc::S_IFREG,
+                    lookups: 1,
+                    parent: 0,
+                    name: Vec::new(),
+                },
+            ],
+            handles: vec![
+                HandleState {
+                    fh: 77,
+                    node: 0x1001,
+                    kind: HandleKind::Dir { pos: 0x5555 },
+                },
+                HandleState {
+                    fh: 78,
+                    node: (1 << 63) | 2,
+                    kind: HandleKind::File {
+                        oflags: libc::O_RDWR | libc::O_APPEND,
+                    },
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let s = sample();
+        let bytes = s.encode();
+        assert_eq!(&bytes[..8], b"CVFSSTAT");
+        assert_eq!(State::decode(&bytes).unwrap(), s);
+        let empty = State::default();
+        assert_eq!(State::decode(&empty.encode()).unwrap(), empty);
+    }
+
+    #[test]
+    fn hostile_every_truncation_is_a_clean_error() {
+        let bytes = sample().encode();
+        for n in 0..bytes.len() {
+            let e = State::decode(&bytes[..n]).unwrap_err();
+            assert!(
+                matches!(e, FormatError::Truncated(_) | FormatError::BadMagic),
+                "{n}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn hostile_corrupt_bytes_are_refused_without_panic() {
+        let bytes = sample().encode();
+        // Every single-byte change in the body is caught by the checksum; in the header by
+        // the magic, version or length checks.
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x41;
+            assert!(State::decode(&b).is_err(), "byte {i} changed and accepted");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert_eq!(
+            State::decode(&longer).unwrap_err(),
+            FormatError::Corrupt("bytes after the body")
+        );
+        // A body with a valid checksum whose counts lie: no allocation for 2^32 records.
+        let mut body = Vec::new();
+        body.extend_from_slice(&[0u8; 32]);
+        body.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut forged = Vec::new();
+        forged.extend_from_slice(&MAGIC);
+        forged.extend_from_slice(&VERSION.to_le_bytes());
+        forged.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        forged.extend_from_slice(&fingerprint(&body).to_le_bytes());
+        forged.extend_from_slice(&body);
+        assert_eq!(
+            State::decode(&forged).unwrap_err(),
+            FormatError::Truncated("node count")
+        );
+    }
+
+    #[test]
+    fn other_versions_are_refused() {
+        let mut bytes = sample().encode();
+        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        assert_eq!(
+            State::decode(&bytes).unwrap_err(),
+            FormatError::Version { found: 2 }
+        );
+        bytes[..8].copy_from_slice(b"CVFSSTAX");
+        assert_eq!(State::decode(&bytes).unwrap_err(), FormatError::BadMagic);
+    }
+
+    #[test]
+    fn state_of_100k_nodes_stays_small() {
+        let mut s = sample();
+        s.nodes = (0..100_000u64)
+            .map(|i| NodeState {
+                id: 0x1_0000_0000 + i,
+                ino: 0x1_0000_0000 + i,
+                snapid: u64::MAX - 1,
+                kind: libc::S_IFREG,
+                lookups: 1,
+                parent: 1,
+                name: format!("file-{i:06}").into_bytes(),
+            })
+            .collect();
+        let bytes = s.encode();
+        assert!(bytes.len() < 100_000 * 64, "{}", bytes.len());
+        assert_eq!(State::decode(&bytes).unwrap().nodes.len(), 100_000);
+    }
+}
