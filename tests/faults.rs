@@ -19,16 +19,7 @@ fn cluster_dir() -> PathBuf {
 }
 
 fn dir(m: &Mount, path: &str) -> Inode {
-    let perm = UserPerm::root();
-    let mut cur = m.lookup_root().unwrap();
-    for c in path.split('/').filter(|c| !c.is_empty()) {
-        let n = CString::new(c).unwrap();
-        cur = m
-            .lookup(&cur, &n, CEPH_STATX_BASIC_STATS, 0, &perm)
-            .unwrap()
-            .0;
-    }
-    cur
+    common::ceph_dir(m, path)
 }
 
 fn exists(m: &Mount, parent: &Inode, name: &str) -> bool {
@@ -49,23 +40,7 @@ fn wait_exists(m: &Mount, parent: &Inode, name: &str, guest: &std::thread::JoinH
 }
 
 fn read_all(m: &Mount, parent: &Inode, name: &str) -> Vec<u8> {
-    let perm = UserPerm::root();
-    let n = CString::new(name).unwrap();
-    let (ino, st) = m
-        .lookup(parent, &n, CEPH_STATX_BASIC_STATS, 0, &perm)
-        .unwrap();
-    let f = m.open(&ino, libc::O_RDONLY, &perm).unwrap();
-    let mut buf = vec![0u8; st.stx_size as usize];
-    let mut off = 0;
-    while off < buf.len() {
-        let k = f.read(off as u64, &mut buf[off..]).unwrap();
-        if k == 0 {
-            break;
-        }
-        off += k;
-    }
-    buf.truncate(off);
-    buf
+    common::ceph_read_all(m, parent, name)
 }
 
 #[test]
@@ -381,22 +356,12 @@ fn quota_exceeded_reaches_the_guest_as_edquot_and_serving_resumes() {
     .unwrap();
     let (run, daemon) = guest.join().unwrap();
     assert_eq!(run.code(), 0, "guest verdict\n{}", daemon.log_text());
-    let line = run
-        .console
-        .lines()
-        .find(|l| l.contains("QUOTA-STOP"))
-        .unwrap_or_else(|| panic!("no QUOTA-STOP line:\n{}", run.console));
+    let (line, written) = common::stop_line(&run.console, "QUOTA-STOP");
     assert!(
         line.contains("Disk quota exceeded"),
         "the guest did not see EDQUOT: {line}\n{}",
         run.console
     );
-    let written: usize = line
-        .split("written=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap();
     assert!((1..64).contains(&written), "{line}");
     assert_eq!(kept, written, "files the host found intact vs {line}");
     assert!(run.console.contains("AFTER-FREE ok"), "{}", run.console);

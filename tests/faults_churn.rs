@@ -21,9 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ceph_client::{Inode, Mount, UserPerm, CEPH_STATX_BASIC_STATS};
+use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS};
 use common::hostile::PrivateCluster;
-use common::{run_guest, Daemon, Lab};
+use common::{ceph_dir, ceph_read_all, run_guest, Daemon, Lab};
 
 /// How long after a failover has finished the guest's writer may take to be answered: far
 /// beyond a failover on this machine (seconds), far below "forever".
@@ -37,13 +37,6 @@ fn record(i: usize) -> Vec<u8> {
     r.resize(REC - 1, b'x');
     r.push(b'\n');
     r
-}
-
-fn lookup(m: &Mount, parent: &Inode, name: &str) -> Option<(Inode, u64)> {
-    let n = CString::new(name).unwrap();
-    m.lookup(parent, &n, CEPH_STATX_BASIC_STATS, 0, &UserPerm::root())
-        .ok()
-        .map(|(i, st)| (i, st.stx_size))
 }
 
 /// Acknowledged record numbers on the guest's console so far.
@@ -196,11 +189,7 @@ fn churn(kind: &str, cluster_opt: &str) {
         );
     }
     let m = lab.ceph();
-    let root = m.lookup_root().unwrap();
-    let d = export
-        .split('/')
-        .filter(|c| !c.is_empty())
-        .fold(root, |cur, c| lookup(&m, &cur, c).unwrap().0);
+    let d = ceph_dir(&m, &export);
     let stop = CString::new("stop").unwrap();
     m.create(
         &d,
@@ -220,23 +209,7 @@ fn churn(kind: &str, cluster_opt: &str) {
     let acked = acks(&console);
     // Every acknowledged record is there, in its place, for another client.
     let m = lab.ceph();
-    let root = m.lookup_root().unwrap();
-    let d = export
-        .split('/')
-        .filter(|c| !c.is_empty())
-        .fold(root, |cur, c| lookup(&m, &cur, c).unwrap().0);
-    let (ino, size) = lookup(&m, &d, "data").expect("the data file");
-    let f = m.open(&ino, libc::O_RDONLY, &UserPerm::root()).unwrap();
-    let mut data = vec![0u8; size as usize];
-    let mut off = 0;
-    while off < data.len() {
-        let n = f.read(off as u64, &mut data[off..]).unwrap();
-        if n == 0 {
-            break;
-        }
-        off += n;
-    }
-    data.truncate(off);
+    let data = ceph_read_all(&m, &ceph_dir(&m, &export), "data");
     for &i in &acked {
         assert_eq!(
             data.get(i * REC..(i + 1) * REC),

@@ -8,13 +8,11 @@
 
 mod common;
 
-use std::ffi::CString;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ceph_client::{Inode, Mount, UserPerm, CEPH_STATX_BASIC_STATS};
-use common::{run_guest, Daemon, Lab};
+use common::{ceph_dir, ceph_lookup, ceph_read_all, run_guest, Daemon, Lab};
 
 /// The cluster's OSD ratios, set with the ceph CLI (in an order the monitor accepts).
 fn set_ratios(conf: &Path, nearfull: &str, backfillfull: &str, full: &str) {
@@ -49,42 +47,6 @@ impl Drop for Unfill<'_> {
     fn drop(&mut self) {
         set_ratios(self.0, "0.85", "0.9", "0.95");
     }
-}
-
-/// The directory at `path` (from the CephFS root).
-fn dir(m: &Mount, path: &str) -> Inode {
-    let mut cur = m.lookup_root().unwrap();
-    for c in path.split('/').filter(|c| !c.is_empty()) {
-        cur = lookup(m, &cur, c).unwrap_or_else(|| panic!("{path}: no {c}"));
-    }
-    cur
-}
-
-fn lookup(m: &Mount, parent: &Inode, name: &str) -> Option<Inode> {
-    let n = CString::new(name).unwrap();
-    m.lookup(parent, &n, CEPH_STATX_BASIC_STATS, 0, &UserPerm::root())
-        .ok()
-        .map(|(i, _)| i)
-}
-
-fn read_all(m: &Mount, parent: &Inode, name: &str) -> Vec<u8> {
-    let perm = UserPerm::root();
-    let n = CString::new(name).unwrap();
-    let (ino, st) = m
-        .lookup(parent, &n, CEPH_STATX_BASIC_STATS, 0, &perm)
-        .unwrap();
-    let f = m.open(&ino, libc::O_RDONLY, &perm).unwrap();
-    let mut buf = vec![0u8; st.stx_size as usize];
-    let mut off = 0;
-    while off < buf.len() {
-        let k = f.read(off as u64, &mut buf[off..]).unwrap();
-        if k == 0 {
-            break;
-        }
-        off += k;
-    }
-    buf.truncate(off);
-    buf
 }
 
 #[test]
@@ -127,10 +89,10 @@ fn a_full_cluster_reaches_the_guest_as_enospc_and_serving_resumes() {
         (run, daemon)
     });
     let m = lab.ceph();
-    let d = dir(&m, &export);
+    let d = ceph_dir(&m, &export);
     let deadline = Instant::now() + Duration::from_secs(1500);
     let wait = |present: bool| {
-        while lookup(&m, &d, "phase1").is_some() != present {
+        while ceph_lookup(&m, &d, "phase1").is_some() != present {
             assert!(
                 Instant::now() < deadline && !guest.is_finished(),
                 "the guest never got to the next phase (phase1 present: {})",
@@ -147,28 +109,18 @@ fn a_full_cluster_reaches_the_guest_as_enospc_and_serving_resumes() {
     }
     let (run, daemon) = guest.join().unwrap();
     assert_eq!(run.code(), 0, "guest verdict\n{}", daemon.log_text());
-    let line = run
-        .console
-        .lines()
-        .find(|l| l.contains("FULL-STOP"))
-        .unwrap_or_else(|| panic!("no FULL-STOP line:\n{}", run.console));
+    let (line, written) = common::stop_line(&run.console, "FULL-STOP");
     assert!(
         line.contains("No space left on device"),
         "the guest did not see ENOSPC: {line}\n{}",
         run.console
     );
-    let written: usize = line
-        .split("written=")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap();
     assert!((3..600).contains(&written), "{line}");
     assert!(run.console.contains("AFTER-FULL ok"), "{}", run.console);
     // Everything synced before the refusal, and the file written after, is intact for another
     // client.
     let m = lab.ceph();
-    let d = dir(&m, &export);
+    let d = ceph_dir(&m, &export);
     for i in 0..written {
         let want: Vec<u8> = format!("file {i}\n")
             .bytes()
@@ -176,12 +128,12 @@ fn a_full_cluster_reaches_the_guest_as_enospc_and_serving_resumes() {
             .take(1 << 20)
             .collect();
         assert!(
-            read_all(&m, &d, &format!("f{i}")) == want,
+            ceph_read_all(&m, &d, &format!("f{i}")) == want,
             "f{i}: content differs"
         );
     }
-    assert!(lookup(&m, &d, &format!("f{written}")).is_none());
-    let after = read_all(&m, &d, "after");
+    assert!(ceph_lookup(&m, &d, &format!("f{written}")).is_none());
+    let after = ceph_read_all(&m, &d, "after");
     assert_eq!(after.len(), 1 << 20);
     assert!(after.chunks(6).all(|c| b"again\n".starts_with(c)));
 }

@@ -17,12 +17,9 @@ use ceph_client::{MountBuilder, UserPerm, CEPH_STATX_BASIC_STATS};
 use ceph_virtiofsd::fs::CephFs;
 use ceph_virtiofsd::migration::{DeviceState, MigrationError, OnError};
 use fuse_backend_rs::abi::fuse_abi::{FsOptions, LK_FLOCK};
-use fuse_backend_rs::api::filesystem::{FileLock, FileSystem, ZeroCopyWriter};
-use fuse_backend_rs::file_buf::FileVolatileSlice;
-use fuse_backend_rs::file_traits::FileReadWriteVolatile;
-use vm_memory::VolatileSlice;
+use fuse_backend_rs::api::filesystem::{FileLock, FileSystem};
 
-use common::{c, ctx, errno, Lab, Payload};
+use common::{c, ctx, errno, Lab, Payload, Sink};
 
 /// The destination's cephx id: another client than the source's.
 const DEST_ID: &str = "migdst";
@@ -60,37 +57,6 @@ fn destination(lab: &Lab, export: &str, on_error: OnError) -> CephFs {
     let fs = CephFs::new(mount, Default::default()).unwrap();
     fs.set_migration_on_error(on_error);
     fs
-}
-
-/// READ reply buffer in plain memory.
-struct Sink(Vec<u8>);
-
-impl io::Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl ZeroCopyWriter for Sink {
-    fn write_from(
-        &mut self,
-        f: &mut dyn FileReadWriteVolatile,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        let mut buf = vec![0u8; count];
-        let slice = VolatileSlice::from(&mut buf[..]);
-        let n = f.read_at_volatile(FileVolatileSlice::from_volatile_slice(&slice), off)?;
-        self.0.extend_from_slice(&buf[..n]);
-        Ok(n)
-    }
-    fn available_bytes(&self) -> usize {
-        usize::MAX
-    }
 }
 
 fn write(fs: &CephFs, ino: u64, fh: u64, off: u64, data: &[u8]) -> io::Result<usize> {

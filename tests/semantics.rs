@@ -5,17 +5,13 @@
 
 mod common;
 
-use std::io;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ceph_virtiofsd::fs::CephFs;
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, SetattrValid};
-use fuse_backend_rs::api::filesystem::{FileSystem, ZeroCopyWriter};
-use fuse_backend_rs::file_buf::FileVolatileSlice;
-use fuse_backend_rs::file_traits::FileReadWriteVolatile;
-use vm_memory::VolatileSlice;
+use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::{c, create_as, ctx, errno, Lab, Payload};
+use common::{c, create_as, ctx, errno, Lab, Payload, Sink};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
     common::fs_layer(lab, &format!("{name}-{}", std::process::id()))
@@ -31,37 +27,6 @@ fn open(fs: &CephFs, ino: u64, flags: i32) -> u64 {
 fn release(fs: &CephFs, ino: u64, fh: u64) {
     fs.release(&ctx(0, 0), ino, 0, fh, false, false, None)
         .unwrap();
-}
-
-/// READ reply buffer in plain memory.
-struct Sink(Vec<u8>);
-
-impl io::Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl ZeroCopyWriter for Sink {
-    fn write_from(
-        &mut self,
-        f: &mut dyn FileReadWriteVolatile,
-        count: usize,
-        off: u64,
-    ) -> io::Result<usize> {
-        let mut buf = vec![0u8; count];
-        let slice = VolatileSlice::from(&mut buf[..]);
-        let n = f.read_at_volatile(FileVolatileSlice::from_volatile_slice(&slice), off)?;
-        self.0.extend_from_slice(&buf[..n]);
-        Ok(n)
-    }
-    fn available_bytes(&self) -> usize {
-        usize::MAX
-    }
 }
 
 fn write(fs: &CephFs, ino: u64, fh: u64, off: u64, data: &[u8]) {

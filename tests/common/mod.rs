@@ -387,6 +387,96 @@ impl fuse_backend_rs::api::filesystem::ZeroCopyReader for Payload {
     }
 }
 
+/// READ reply buffer in plain memory, standing in for the guest buffer of a virtqueue chain.
+pub struct Sink(pub Vec<u8>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl fuse_backend_rs::api::filesystem::ZeroCopyWriter for Sink {
+    fn write_from(
+        &mut self,
+        f: &mut dyn fuse_backend_rs::file_traits::FileReadWriteVolatile,
+        count: usize,
+        off: u64,
+    ) -> std::io::Result<usize> {
+        let mut buf = vec![0u8; count];
+        let slice = vm_memory::VolatileSlice::from(&mut buf[..]);
+        let n = f.read_at_volatile(
+            fuse_backend_rs::file_buf::FileVolatileSlice::from_volatile_slice(&slice),
+            off,
+        )?;
+        self.0.extend_from_slice(&buf[..n]);
+        Ok(n)
+    }
+    fn available_bytes(&self) -> usize {
+        usize::MAX
+    }
+}
+
+/// `name` in `parent` through a test's own CephFS client, with its size.
+pub fn ceph_lookup(
+    m: &Mount,
+    parent: &ceph_client::Inode,
+    name: &str,
+) -> Option<(ceph_client::Inode, u64)> {
+    let n = CString::new(name).unwrap();
+    m.lookup(parent, &n, CEPH_STATX_BASIC_STATS, 0, &UserPerm::root())
+        .ok()
+        .map(|(i, st)| (i, st.stx_size))
+}
+
+/// The directory at `path` (from the CephFS root) through a test's own CephFS client.
+pub fn ceph_dir(m: &Mount, path: &str) -> ceph_client::Inode {
+    let mut cur = m.lookup_root().unwrap();
+    for c in path.split('/').filter(|c| !c.is_empty()) {
+        cur = ceph_lookup(m, &cur, c)
+            .unwrap_or_else(|| panic!("{path}: no {c}"))
+            .0;
+    }
+    cur
+}
+
+/// The whole content of `name` in `parent`, read through a test's own CephFS client.
+pub fn ceph_read_all(m: &Mount, parent: &ceph_client::Inode, name: &str) -> Vec<u8> {
+    let (ino, size) = ceph_lookup(m, parent, name).unwrap_or_else(|| panic!("no {name}"));
+    let f = m.open(&ino, libc::O_RDONLY, &UserPerm::root()).unwrap();
+    let mut buf = vec![0u8; usize::try_from(size).unwrap()];
+    let mut off = 0;
+    while off < buf.len() {
+        let k = f.read(off as u64, &mut buf[off..]).unwrap();
+        if k == 0 {
+            break;
+        }
+        off += k;
+    }
+    buf.truncate(off);
+    buf
+}
+
+/// The guest's `MARKER written=N error=...` line and its N (tests that write until refused).
+pub fn stop_line(console: &str, marker: &str) -> (String, usize) {
+    let line = console
+        .lines()
+        .find(|l| l.contains(marker))
+        .unwrap_or_else(|| panic!("no {marker} line:\n{console}"))
+        .to_owned();
+    let written = line
+        .split("written=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no written=N in {line}"));
+    (line, written)
+}
+
 /// The filesystem layer on a fresh export `name` of the test cluster, called in-process the way
 /// fuse-backend-rs's server calls it, after FUSE_INIT with what a Linux 6.1 guest offers.
 pub fn fs_layer(lab: &Lab, name: &str) -> ceph_virtiofsd::fs::CephFs {
