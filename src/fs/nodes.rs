@@ -175,6 +175,21 @@ pub struct NewNode<T> {
     pub inode: T,
 }
 
+impl<T> NewNode<T> {
+    /// The node with id `id` and `lookups` lookups.
+    fn into_node(self, id: u64, lookups: u64) -> Arc<Node<T>> {
+        Arc::new(Node {
+            id,
+            vino: self.vino,
+            kind: self.kind,
+            domain: AtomicU64::new(pack(self.domain)),
+            link: Mutex::new(self.link),
+            inode: self.inode,
+            lookups: AtomicU64::new(lookups),
+        })
+    }
+}
+
 #[derive(Debug)]
 pub struct NodeTable<T> {
     shards: Shards<RwLock<IdMap<Arc<Node<T>>>>, SHARDS>,
@@ -201,16 +216,8 @@ impl<T> NodeTable<T> {
             count: AtomicUsize::new(1),
             max: AtomicUsize::new(usize::MAX),
         };
-        let node = Arc::new(Node {
-            id: ROOT_ID,
-            vino: root.vino,
-            kind: root.kind,
-            domain: AtomicU64::new(pack(root.domain)),
-            link: Mutex::new(None),
-            inode: root.inode,
-            // The root is never forgotten: the kernel never sends FORGET for it.
-            lookups: AtomicU64::new(1),
-        });
+        // The root is never forgotten (the kernel never sends FORGET for it), and has no link.
+        let node = NewNode { link: None, ..root }.into_node(ROOT_ID, 1);
         t.shard(ROOT_ID)
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -307,15 +314,7 @@ impl<T> NodeTable<T> {
             self.count.fetch_sub(1, Ordering::Relaxed);
             return Err(libc::ENFILE);
         }
-        let node = Arc::new(Node {
-            id,
-            vino: new.vino,
-            kind: new.kind,
-            domain: AtomicU64::new(pack(new.domain)),
-            link: Mutex::new(new.link),
-            inode: new.inode,
-            lookups: AtomicU64::new(1),
-        });
+        let node = new.into_node(id, 1);
         shard.insert(id, node.clone());
         Ok(node)
     }
@@ -386,15 +385,7 @@ impl<T> NodeTable<T> {
             return Err(libc::EEXIST);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        let node = Arc::new(Node {
-            id,
-            vino: new.vino,
-            kind: new.kind,
-            domain: AtomicU64::new(pack(new.domain)),
-            link: Mutex::new(new.link),
-            inode: new.inode,
-            lookups: AtomicU64::new(lookups.max(1)),
-        });
+        let node = new.into_node(id, lookups.max(1));
         shard.insert(id, node.clone());
         Ok(node)
     }
