@@ -19,7 +19,7 @@ use ceph_virtiofsd::migration::{DeviceState, MigrationError, OnError};
 use fuse_backend_rs::abi::fuse_abi::{FsOptions, LK_FLOCK};
 use fuse_backend_rs::api::filesystem::{FileLock, FileSystem};
 
-use common::{c, ctx, errno, Lab, Payload, Sink};
+use common::{c, ctx, errno, Lab, Sink};
 
 /// The destination's cephx id: another client than the source's.
 const DEST_ID: &str = "migdst";
@@ -60,18 +60,7 @@ fn destination(lab: &Lab, export: &str, on_error: OnError) -> CephFs {
 }
 
 fn write(fs: &CephFs, ino: u64, fh: u64, off: u64, data: &[u8]) -> io::Result<usize> {
-    fs.write(
-        &ctx(0, 0),
-        ino,
-        fh,
-        &mut Payload(data.to_vec()),
-        data.len() as u32,
-        off,
-        None,
-        false,
-        0,
-        0,
-    )
+    common::fs_write(fs, ino, fh, off, data)
 }
 
 fn read(fs: &CephFs, ino: u64, fh: u64, off: u64, len: u32) -> io::Result<Vec<u8>> {

@@ -30,20 +30,7 @@ fn release(fs: &CephFs, ino: u64, fh: u64) {
 }
 
 fn write(fs: &CephFs, ino: u64, fh: u64, off: u64, data: &[u8]) {
-    let n = fs
-        .write(
-            &ctx(0, 0),
-            ino,
-            fh,
-            &mut Payload(data.to_vec()),
-            data.len() as u32,
-            off,
-            None,
-            false,
-            0,
-            0,
-        )
-        .unwrap();
+    let n = common::fs_write(fs, ino, fh, off, data).unwrap();
     assert_eq!(n, data.len(), "short write at {off}");
 }
 

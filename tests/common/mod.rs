@@ -477,6 +477,29 @@ pub fn stop_line(console: &str, marker: &str) -> (String, usize) {
     (line, written)
 }
 
+/// WRITE of `data` at `off` through handle `fh`, as root, the way the server sends it.
+pub fn fs_write(
+    fs: &ceph_virtiofsd::fs::CephFs,
+    ino: u64,
+    fh: u64,
+    off: u64,
+    data: &[u8],
+) -> std::io::Result<usize> {
+    use fuse_backend_rs::api::filesystem::FileSystem;
+    fs.write(
+        &ctx(0, 0),
+        ino,
+        fh,
+        &mut Payload(data.to_vec()),
+        u32::try_from(data.len()).unwrap(),
+        off,
+        None,
+        false,
+        0,
+        0,
+    )
+}
+
 /// The filesystem layer on a fresh export `name` of the test cluster, called in-process the way
 /// fuse-backend-rs's server calls it, after FUSE_INIT with what a Linux 6.1 guest offers.
 pub fn fs_layer(lab: &Lab, name: &str) -> ceph_virtiofsd::fs::CephFs {
