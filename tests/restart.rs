@@ -312,7 +312,16 @@ fn restart_with_another_instance_id_leaves_the_dead_daemons_lock_held() {
 
     kill9(&mut first);
     drop(frontend);
-    let successor = Daemon::start(&lab, &work, &export, &["--instance-id", &b]);
+    // Without quarantine: the dead daemon's watcher may have been the only client of /volumes
+    // (other tests' daemons gone), holding its exclusive caps, and the successor's first
+    // quarantine round would wait for them as long as the MDS session timeout. That wait is
+    // the same dead-session effect, on another directory; this test times the files' caps.
+    let successor = Daemon::start(
+        &lab,
+        &work,
+        &export,
+        &["--instance-id", &b, "--quarantine", "off"],
+    );
     let listening = Instant::now();
     let opened = open_for_write(&m, &dir, listening);
     let locked = lock_when_free(lk, listening);

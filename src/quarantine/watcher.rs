@@ -388,6 +388,38 @@ impl Scanner {
     }
 }
 
+/// The first round, before the daemon serves. It can wait on the MDS for as long as the MDS
+/// session timeout: a killed daemon's watcher that was the only client of /volumes held its
+/// exclusive caps, and listing the directory needs them back. The operator is told after a few
+/// seconds rather than left looking at a daemon that does not listen.
+fn first_scan(s: &mut Scanner) {
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let notice = std::thread::Builder::new()
+        .name("quarantine-first-round".into())
+        .spawn(move || {
+            if wait.recv_timeout(FIRST_ROUND_NOTICE)
+                == Err(std::sync::mpsc::RecvTimeoutError::Timeout)
+            {
+                tracing::warn!(
+                    waited_s = FIRST_ROUND_NOTICE.as_secs(),
+                    "quarantine: the first read of the quarantine state is waiting on the MDS; \
+                     the daemon listens once it is done. A killed daemon's session holding caps \
+                     on /volumes is released when the MDS times it out (the file system's \
+                     session_timeout) or when it is evicted; start daemons with --instance-id \
+                     so a restart ends its predecessor's sessions at once"
+                );
+            }
+        });
+    s.scan();
+    drop(done);
+    if let Ok(t) = notice {
+        let _ = t.join();
+    }
+}
+
+/// How long the first round runs before the operator is told it is waiting.
+const FIRST_ROUND_NOTICE: Duration = Duration::from_secs(5);
+
 /// Start quarantine enforcement for a daemon exporting `export_root`: allocate the gate, read
 /// the state once (so the daemon starts with it), then keep it current in a thread.
 pub fn start(
@@ -434,7 +466,7 @@ pub fn start(
         missing: HashMap::new(),
         unhook: Vec::new(),
     };
-    s.scan();
+    first_scan(&mut s);
     tracing::info!(
         domains = gate.domain_count(),
         denied = gate.denied_count.load(Ordering::Relaxed),
