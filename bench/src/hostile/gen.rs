@@ -257,15 +257,35 @@ fn opcode(r: &mut Rng, mutating: u64) -> u32 {
 /// The share of tree-changing requests when not told otherwise (per mille).
 pub const MUTATING_PER_MILLE: u64 = 120;
 
+/// File types other than regular for MKNOD and CREATE modes, the invalid ones included.
+const ODD_TYPES: [u32; 9] = [
+    libc::S_IFDIR,
+    libc::S_IFCHR,
+    libc::S_IFBLK,
+    libc::S_IFIFO,
+    libc::S_IFSOCK,
+    libc::S_IFLNK,
+    0,
+    libc::S_IFMT,
+    0o110000,
+];
+
 /// The body of `op` with hostile values in a valid layout.
 fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
-    // Regular files only: on Pacific a MKNOD of type S_IFDIR aborts the MDS
-    // (C_MDS_mknod_finish: ceph_assert(dir)), a run with special and invalid types (device
-    // nodes, fifos, sockets, 0, 0o170000) aborted it too (Locker::check_inode_max_size:
-    // ceph_assert(in->is_file())), and either ends the run for every client of the lab
-    // cluster. tests/hostile_wire.rs checks the daemon refuses those types, on a private
-    // cluster.
-    let mode = |r: &mut Rng| -> u32 { libc::S_IFREG | (r.u32() & 0o7777) };
+    // Mostly regular files; one mode in eight has another type bits: a directory, a device,
+    // a fifo, a socket, 0 or 0o170000. On Pacific a MKNOD of type S_IFDIR aborts the MDS
+    // (C_MDS_mknod_finish: ceph_assert(dir)), and an open of a special file for writing asks
+    // for a max_size it asserts only files have (Locker::check_inode_max_size), so each ends
+    // the run for every client of the cluster: the daemon must refuse them before libcephfs
+    // sees them (tests/hostile_wire.rs has the targeted cases), and the fuzzer sends them.
+    let mode = |r: &mut Rng| -> u32 {
+        let kind = if r.chance(125) {
+            r.pick(&ODD_TYPES).copied().unwrap_or(libc::S_IFDIR)
+        } else {
+            libc::S_IFREG
+        };
+        kind | (r.u32() & 0o7777)
+    };
     match op {
         wire::FUSE_LOOKUP | wire::FUSE_UNLINK | wire::FUSE_RMDIR | wire::FUSE_REMOVEXATTR => {
             cname(r)
@@ -690,36 +710,6 @@ fn mangle(r: &mut Rng, req: Vec<u8>, mem: u64) -> (Vec<DescSpec>, &'static str, 
     }
 }
 
-/// Keep a request away from what aborts the Pacific MDS (see `body`), whatever a mutation
-/// or garbage made of it: MKNOD and CREATE make regular files, a SETATTR changes the size
-/// only through a handle.
-fn defang(req: &mut [u8]) {
-    let Some((_, op, _, _)) = wire::in_header(req) else {
-        return;
-    };
-    let body = wire::IN_HDR;
-    let at = match op {
-        wire::FUSE_MKNOD => body,
-        wire::FUSE_CREATE => body + 4,
-        wire::FUSE_SETATTR => {
-            if let Some(v) = req.get_mut(body..body + 4) {
-                let mut valid = u32::from_le_bytes([v[0], v[1], v[2], v[3]]);
-                if valid & (1 << 6) == 0 {
-                    valid &= !(1 << 3);
-                }
-                v.copy_from_slice(&valid.to_le_bytes());
-            }
-            return;
-        }
-        _ => return,
-    };
-    if let Some(m) = req.get_mut(at..at + 4) {
-        let mode = u32::from_le_bytes([m[0], m[1], m[2], m[3]]);
-        let mode = (mode & !libc::S_IFMT) | libc::S_IFREG;
-        m.copy_from_slice(&mode.to_le_bytes());
-    }
-}
-
 /// The first readable descriptor that holds a whole in-header (inside an indirect table too).
 fn first_header(descs: &mut [DescSpec]) -> Option<&mut Vec<u8>> {
     for d in descs {
@@ -749,7 +739,6 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
             let op = opcode(r, mutating);
             v[4..8].copy_from_slice(&op.to_le_bytes());
         }
-        defang(&mut v);
         let opcode = wire::in_header(&v).map_or(u32::MAX, |h| h.1);
         return Case {
             queue: 1,
@@ -764,13 +753,6 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
         if let Some(c) = r.pick(corpus) {
             // A case that reached something new, with a few bytes changed.
             let mut c = c.clone();
-            // Only requests whole in one descriptor: a byte changed in a piece of a split
-            // request could not be defanged.
-            let whole = matches!(c.descs.first().map(|d| &d.buf),
-                Some(Buf::Read(b)) if wire::in_header(b).is_some_and(|h| h.0 as usize == b.len()));
-            if !whole {
-                c.descs = vec![read(Vec::new()), write(REPLY_LEN)];
-            }
             if let Some(bytes) = first_header(&mut c.descs) {
                 bytes[8..16].copy_from_slice(&unique.to_le_bytes());
                 for _ in 0..1 + r.below(3) {
@@ -784,7 +766,6 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
                     let n = node(r, k);
                     bytes[16..24].copy_from_slice(&n.to_le_bytes());
                 }
-                defang(bytes);
             }
             c.unique = c.unique.map(|_| unique);
             c.kind = "corpus-mutant";
@@ -837,7 +818,6 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
         pid: r.u32() & 0xffff,
     };
     let mut req = wire::request(&h, &[&body]);
-    defang(&mut req);
     let (descs, kind, chain_ok) = if r.chance(150) {
         mangle(r, req, mem)
     } else {
@@ -915,11 +895,15 @@ mod tests {
         assert_ne!(a, c);
     }
 
+    /// The requests that abort a Pacific MDS if they reach it are generated (the daemon must
+    /// refuse them): MKNOD of a directory and of special types, CREATE with type bits, a
+    /// SETATTR of the size without a handle.
     #[test]
-    fn no_generated_request_makes_a_directory_by_mknod_or_sets_a_size_without_handle() {
+    fn generated_requests_include_the_shapes_that_abort_the_pacific_mds() {
         let k = Known::new();
         let mut r = Rng::new(5);
         let mut corpus = Vec::new();
+        let (mut mknod_dir, mut mknod_special, mut create_typed, mut pathless_size) = (0, 0, 0, 0);
         for i in 0..200_000 {
             let c = next(&mut r, &k, i, 1 << 24, &corpus, 300);
             for d in &c.descs {
@@ -929,19 +913,25 @@ mod tests {
                             b.get(at..at + 4)
                                 .map(|x| u32::from_le_bytes([x[0], x[1], x[2], x[3]]))
                         };
-                        if op == wire::FUSE_MKNOD {
-                            assert!(
-                                u(40).map_or(true, |m| m & libc::S_IFMT == libc::S_IFREG),
-                                "{}",
-                                tokens(&c.descs)
-                            );
-                        }
-                        if op == wire::FUSE_SETATTR {
-                            assert!(
-                                u(40).map_or(true, |v| v & (1 << 3) == 0 || v & (1 << 6) != 0),
-                                "{}",
-                                tokens(&c.descs)
-                            );
+                        let kind = |at: usize| u(at).map(|m| m & libc::S_IFMT);
+                        match op {
+                            wire::FUSE_MKNOD if kind(40) == Some(libc::S_IFDIR) => mknod_dir += 1,
+                            wire::FUSE_MKNOD
+                                if kind(40)
+                                    .is_some_and(|t| t != libc::S_IFREG && t != libc::S_IFDIR) =>
+                            {
+                                mknod_special += 1
+                            }
+                            wire::FUSE_CREATE if kind(44).is_some_and(|t| t != libc::S_IFREG) => {
+                                create_typed += 1
+                            }
+                            wire::FUSE_SETATTR
+                                if u(40)
+                                    .is_some_and(|v| v & (1 << 3) != 0 && v & (1 << 6) == 0) =>
+                            {
+                                pathless_size += 1
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -950,6 +940,11 @@ mod tests {
                 corpus.push(c);
             }
         }
+        let counts = (mknod_dir, mknod_special, create_typed, pathless_size);
+        assert!(
+            mknod_dir > 0 && mknod_special > 0 && create_typed > 0 && pathless_size > 0,
+            "(MKNOD dir, MKNOD special, CREATE typed, SETATTR size without fh) = {counts:?}"
+        );
     }
 
     #[test]
