@@ -817,7 +817,7 @@ pub fn next(r: &mut Rng, k: &Known, unique: u64, mem: u64, corpus: &[Case], muta
         gid: if r.chance(900) { 1000 } else { r.u32() },
         pid: r.u32() & 0xffff,
     };
-    let mut req = wire::request(&h, &[&body]);
+    let req = wire::request(&h, &[&body]);
     let (descs, kind, chain_ok) = if r.chance(150) {
         mangle(r, req, mem)
     } else {
