@@ -1209,3 +1209,65 @@ fn hostile_log_flood_into_a_stalled_stderr_does_not_kill_the_daemon() {
     f.check(status.is_none(), format!("the daemon exited: {status:?}"));
     f.assert_none(&daemon);
 }
+
+/// A rename of a name onto itself, or onto another link of the same file, does nothing on
+/// Linux; libcephfs 16 then drops the name from its cache, and a rename of a missing name after
+/// that marks the name as being renamed for good, so that every later lookup of it waits
+/// forever (ceph-client/tests/quirks.rs). The fuzzer's 10M run stalled this way, worker after
+/// worker. Each rename must get Linux's answer, and lookups after them must come back.
+#[test]
+fn hostile_renames_onto_the_same_file_or_of_missing_names_keep_lookups_answering() {
+    let lab = Lab::get();
+    let (daemon, export, _m) = hostile_daemon(&lab, "hostile-rename-self", &[]);
+    let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
+    h.set_timeout_ms(15_000);
+    let mut f = Failures::new();
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    let a = h.req_as_root(op::FUSE_LINK, 1, &Body::new().u64(file).name(b"f2").0);
+    f.check(a.error() == Some(0), format!("LINK f f2: {a:?}"));
+    let noreplace = libc::RENAME_NOREPLACE;
+    let cases: [(u32, &[u8], &[u8], i32); 8] = [
+        (0, b"f", b"f", 0),
+        (0, b"f", b"f2", 0),
+        (0, b"f2", b"f", 0),
+        (0, b"nx", b"nx", libc::ENOENT),
+        (noreplace, b"nx", b"nx", libc::ENOENT),
+        (noreplace, b"nx", b"y", libc::ENOENT),
+        (noreplace, b"f", b"f", libc::EEXIST),
+        (noreplace, b"f", b"f2", libc::EEXIST),
+    ];
+    for (flags, from, to, want) in cases {
+        let what = format!(
+            "RENAME2 flags {flags} {} -> {}",
+            String::from_utf8_lossy(from),
+            String::from_utf8_lossy(to)
+        );
+        let a = h.req(
+            op::FUSE_RENAME2,
+            1,
+            &Body::new().u64(1).u32(flags).u32(0).name(from).name(to).0,
+        );
+        f.survived(&mut h, &what, &a);
+        f.check(
+            errno_of(&a) == Some(want),
+            format!("{what}: want errno {want}, got {a:?}"),
+        );
+        for (name, there) in [(from, from != b"nx"), (to, to == b"f" || to == b"f2")] {
+            let l = h.lookup(1, name);
+            // Not there: ENOENT, or a negative entry (node id 0).
+            let ok = if there {
+                l.entry().is_some()
+            } else {
+                matches!(errno_of(&l), Some(0 | libc::ENOENT)) && l.entry().is_none()
+            };
+            f.check(
+                ok,
+                format!(
+                    "after {what}: LOOKUP {} (there: {there}): {l:?}",
+                    String::from_utf8_lossy(name)
+                ),
+            );
+        }
+    }
+    f.assert_none(&daemon);
+}

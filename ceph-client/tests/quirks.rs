@@ -164,3 +164,79 @@ fn dotdot_follows_a_dentry_another_client_renamed_away() {
         .rmdir(&root, &CString::new(base_name).unwrap(), &perm)
         .unwrap();
 }
+
+/// A rename of a name onto itself (or onto another link of the same file) succeeds on the MDS
+/// without changing anything, as on Linux, but the renaming libcephfs client drops the source
+/// dentry from its cache: its next lookup of the name answers ENOENT while the file is still
+/// there (a fresh client finds it). And a rename whose source does not exist, sent after that
+/// in the same directory, can leave the name's dentry marked "renaming" for good, so that every
+/// later lookup of the name waits forever ("rename is on the way, will wait for dn" at debug
+/// level 1); found by the hostile fuzzer, where it stalled the daemon's workers one by one.
+///
+/// The daemon never sends libcephfs a rename whose source it has not just found, nor one onto
+/// the same file (src/fs `do_rename`: Linux's answers, without the call).
+#[test]
+fn a_rename_onto_the_same_file_hides_it_from_the_renaming_client() {
+    let perm = UserPerm::root();
+    let m = mount();
+    let root = m.lookup_root().unwrap();
+    let base_name = CString::new(format!("quirk-rename-self-{}", std::process::id())).unwrap();
+    let (base, _) = m
+        .mkdir(&root, &base_name, 0o755, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    let (file, _, f) = m
+        .create(
+            &base,
+            c"a",
+            0o644,
+            libc::O_RDWR | libc::O_CREAT,
+            CEPH_STATX_BASIC_STATS,
+            0,
+            &perm,
+        )
+        .unwrap();
+    drop(f);
+    m.link(&file, &base, c"h", &perm).unwrap();
+    let found = |m: &Mount, dir: &Inode, name: &std::ffi::CStr| -> Result<u64> {
+        m.lookup(dir, name, CEPH_STATX_INO, 0, &perm)
+            .map(|(_, st)| st.stx_ino)
+    };
+    let ino = found(&m, &base, c"a").unwrap();
+
+    m.rename(&base, c"a", &base, c"a", &perm).unwrap();
+    assert_eq!(
+        found(&m, &base, c"a").map_err(|e| e.errno),
+        Err(libc::ENOENT),
+        "the renaming client lost a"
+    );
+    let fresh = mount();
+    let base_ino = m.getattr(&base, CEPH_STATX_INO, 0, &perm).unwrap().stx_ino;
+    let fresh_base = fresh.lookup_inode(base_ino).unwrap();
+    assert_eq!(
+        found(&fresh, &fresh_base, c"a").ok(),
+        Some(ino),
+        "the MDS kept a"
+    );
+    assert_eq!(
+        found(&fresh, &fresh_base, c"h").ok(),
+        Some(ino),
+        "the MDS kept h"
+    );
+    let m = std::sync::Arc::new(m);
+    let e = m.rename(&base, c"nx", &base, c"nx", &perm).unwrap_err();
+    assert_eq!(e.errno, libc::ENOENT);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let m2 = m.clone();
+    std::thread::spawn(move || {
+        let base = m2.lookup_inode(base_ino).unwrap();
+        let _ = tx.send(
+            m2.lookup(&base, c"nx", CEPH_STATX_INO, 0, &UserPerm::root())
+                .map(|_| ())
+                .map_err(|e| e.errno),
+        );
+    });
+    eprintln!(
+        "lookup of nx after the rename nx -> nx: {:?}",
+        rx.recv_timeout(std::time::Duration::from_secs(5))
+    );
+}

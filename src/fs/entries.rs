@@ -420,10 +420,11 @@ impl CephFs {
             return Err(errno(libc::EACCES));
         }
         match flags {
-            // POSIX: a rename between two links of one file does nothing. Linux's VFS checks
-            // it before asking the filesystem, but a guest whose dentries are stale (another
-            // client linked the names) sends it, and libcephfs then removed the source name
-            // and lost track of the file's other names.
+            // POSIX: a rename between two links of one file (or of a name onto itself) does
+            // nothing. Linux's VFS checks it before asking the filesystem, but a guest whose
+            // dentries are stale (another client linked the names) sends it, and libcephfs
+            // then dropped the source name from its cache though the MDS kept it. The source
+            // is looked up first (see RENAME_NOREPLACE below for why that matters).
             0 => match self.rename_target(&old, oldname, &new, newname, &perm)? {
                 RenameTarget::Same => return Ok(()),
                 // See `side`: through the main session, libcephfs would hide the other names.
@@ -441,8 +442,14 @@ impl CephFs {
             },
             // libcephfs has no atomic "rename unless the target exists": check, then rename.
             // Another client creating the target between the two steps is not caught; within
-            // one guest the kernel's directory locks serialise the two.
+            // one guest the kernel's directory locks serialise the two. Linux's order: a
+            // missing source is ENOENT before an existing target is EEXIST. The source is
+            // looked up first for libcephfs too: a rename of a name that does not exist can
+            // leave its dentry marked as being renamed, and every later lookup of the name
+            // then waits forever (ceph-client/tests/quirks.rs).
             f if f == libc::RENAME_NOREPLACE => {
+                self.mount
+                    .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, &perm)?;
                 match self.mount.lookup(&new.inode, newname, 0, 0, &perm) {
                     Ok(_) => return Err(errno(libc::EEXIST)),
                     Err(e) if e.errno() == libc::ENOENT => {}
