@@ -123,7 +123,7 @@ md.append(f"- date: {meta.get('date', '?')}")
 md.append(f"- command: `{meta.get('cmdline', '?')}`"
           + (f" (ours started with `{meta['ours_opts']}`)" if meta.get("ours_opts") else ""))
 md.append(f"- machine: {meta.get('cpu', '?')}, {meta.get('mem', '?')}, Linux {meta.get('kernel', '?')}")
-md.append(f"- software: {meta.get('ceph', '?')}; {meta.get('virtiofsd', '?')}; ceph-virtiofsd commit {meta.get('commit', '?')}")
+md.append(f"- software: {meta.get('ceph', '?')}; cluster {meta.get('cluster', '?')}; {meta.get('virtiofsd', '?')}; ceph-virtiofsd commit {meta.get('commit', '?')}")
 md.append(f"- rounds: {meta.get('rounds', '?')}" + (" (quick sizes)" if meta.get("quick") == "1" else ""))
 md.append("")
 md.append("## Headline: ours vs the peer and vs the libcephfs floor\n")
