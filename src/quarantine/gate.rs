@@ -1,12 +1,21 @@
 //! The gate the filesystem asks on every request: domains, their effective flags, the
 //! inode → domain table of domain roots, and the rate-limited audit of denials.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use super::*;
 use crate::idmap::GuestUid;
+
+/// The domain paths: by id (index = id - 1; `None` = free, reused by the next new path) and
+/// by path, so that a round's lookups of 4,000 paths are not 4,000 scans of the list.
+#[derive(Default)]
+pub(super) struct DomainPaths {
+    slots: Vec<Option<String>>,
+    index: HashMap<String, usize>,
+}
 
 /// What the filesystem asks on every request. Written by the watcher only.
 pub struct Gate {
@@ -22,9 +31,9 @@ pub struct Gate {
     /// Free ids are denied too but not counted, so a retired domain does not keep the
     /// once-per-round re-derivation going.
     pub(super) denied_count: AtomicUsize,
-    /// Domain paths, index = domain id - 1; `None` = free (retired, reused by the next new
-    /// path). Cold paths only: registration, retirement, publication, audit.
-    pub(super) paths: RwLock<Vec<Option<String>>>,
+    /// Domain paths by id and by path. Cold paths only: registration, retirement,
+    /// publication, audit.
+    pub(super) paths: RwLock<DomainPaths>,
     /// The export root's domain (0 = none).
     pub(super) root_domain: AtomicU32,
     /// The export root (canonical path).
@@ -90,7 +99,7 @@ impl Gate {
             keys,
             vals,
             denied_count: AtomicUsize::new(0),
-            paths: RwLock::new(Vec::new()),
+            paths: RwLock::new(DomainPaths::default()),
             root_domain: AtomicU32::new(0),
             export_root: RwLock::new("/".into()),
             near_denied: AtomicBool::new(false),
@@ -212,14 +221,17 @@ impl Gate {
         self.paths
             .read()
             .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|p| p.is_some())
-            .count()
+            .index
+            .len()
     }
 
     /// The domain paths now, index = domain id - 1, `None` for a free id.
     pub(super) fn paths_now(&self) -> Vec<Option<String>> {
-        self.paths.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.paths
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .slots
+            .clone()
     }
 
     /// The path of a domain (for logs).
@@ -231,7 +243,7 @@ impl Gate {
         match usize::try_from(domain)
             .ok()
             .and_then(|d| d.checked_sub(1))
-            .and_then(|i| paths.get(i))
+            .and_then(|i| paths.slots.get(i))
         {
             Some(Some(p)) => p.clone(),
             Some(None) => format!("<retired domain {domain}>"),
@@ -242,7 +254,7 @@ impl Gate {
     /// The live domain of a canonical path, if it has one (nothing is allocated).
     pub fn domain_of_path(&self, path: &str) -> Option<u32> {
         let paths = self.paths.read().unwrap_or_else(|e| e.into_inner());
-        let i = paths.iter().position(|p| p.as_deref() == Some(path))?;
+        let i = paths.index.get(path)?;
         u32::try_from(i + 1).ok()
     }
 
@@ -251,19 +263,20 @@ impl Gate {
     /// [`MAX_DOMAINS`] are live.
     pub fn domain_for_path(&self, path: &str) -> Option<u32> {
         let mut paths = self.paths.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = paths.iter().position(|p| p.as_deref() == Some(path)) {
+        if let Some(i) = paths.index.get(path) {
             return u32::try_from(i + 1).ok();
         }
-        let i = match paths.iter().position(Option::is_none) {
+        let i = match paths.slots.iter().position(Option::is_none) {
             Some(i) => i,
-            None if paths.len() < MAX_DOMAINS => {
-                paths.push(None);
-                paths.len() - 1
+            None if paths.slots.len() < MAX_DOMAINS => {
+                paths.slots.push(None);
+                paths.slots.len() - 1
             }
             None => return None,
         };
-        let slot = paths.get_mut(i)?;
+        let slot = paths.slots.get_mut(i)?;
         *slot = Some(path.to_owned());
+        paths.index.insert(path.to_owned(), i);
         // Fail closed: a new domain is denied until the watcher has read its state. (A free
         // id's flag is set already; it now counts as a live denied domain.)
         if let Some(flag) = self.deny.get(i + 1) {
@@ -287,9 +300,11 @@ impl Gate {
         };
         {
             let mut paths = self.paths.write().unwrap_or_else(|e| e.into_inner());
-            match paths.get_mut(i) {
-                Some(slot @ Some(_)) => *slot = None,
-                _ => return false,
+            match paths.slots.get_mut(i).and_then(Option::take) {
+                Some(p) => {
+                    paths.index.remove(&p);
+                }
+                None => return false,
             }
             // Denied from now on; counted only while it was live and denied.
             if self
@@ -299,8 +314,8 @@ impl Gate {
             {
                 self.denied_count.fetch_sub(1, Ordering::Relaxed);
             }
-            while paths.last().is_some_and(Option::is_none) {
-                paths.pop();
+            while paths.slots.last().is_some_and(Option::is_none) {
+                paths.slots.pop();
             }
         }
         for i in 0..ROOT_SLOTS {
@@ -429,7 +444,7 @@ impl Gate {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        for (i, p) in paths.iter().enumerate() {
+        for (i, p) in paths.slots.iter().enumerate() {
             let Some(d) = self.deny.get(i + 1) else { break };
             let Some(p) = p else {
                 // Free: denied, never counted (retire and domain_for_path keep it so).

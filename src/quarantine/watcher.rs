@@ -210,13 +210,14 @@ impl Scanner {
         }
         let paths = self.gate.paths_now();
         let mut states = Vec::with_capacity(paths.len());
+        let mut parents = Parents::new();
         for (i, p) in paths.iter().enumerate() {
             let Ok(d) = u32::try_from(i + 1) else { break };
             let Some(p) = p else {
                 states.push(State::Unknown);
                 continue;
             };
-            let s = self.read_domain(&mount, d, p);
+            let s = self.read_domain(&mount, d, p, &mut parents);
             let old = self.states.insert(d, s);
             self.log_state(d, p, old, s);
             states.push(s);
@@ -278,8 +279,8 @@ impl Scanner {
     /// that was there before leaves the root table), and nodes already below it derive their
     /// domain again ([`Gate::register_root`]). A discovered domain missing in
     /// [`RETIRE_AFTER`] rounds in a row is retired (see `retire_gone`).
-    fn read_domain(&mut self, mount: &Mount, d: u32, path: &str) -> State {
-        let inode = match resolve(mount, path, &self.perm) {
+    fn read_domain(&mut self, mount: &Mount, d: u32, path: &str, parents: &mut Parents) -> State {
+        let inode = match resolve_in_round(mount, path, &self.perm, parents) {
             Ok(i) => i,
             // Nothing there: nothing to protect (until it appears: next round).
             Err(e) if e.errno() == libc::ENOENT => {
@@ -386,6 +387,34 @@ impl Scanner {
             }
         }
     }
+}
+
+/// The parent directories resolved in one round, by path (or the errno of their walk).
+type Parents = HashMap<String, Result<Inode, i32>>;
+
+/// [`resolve`], with the walk to the parent shared by the round: the subvolumes of one group
+/// then cost one lookup each instead of a walk from the root (with 4,000 subvolumes the
+/// walks were most of a round's work). Every path is still resolved again each round.
+fn resolve_in_round(
+    mount: &Mount,
+    path: &str,
+    perm: &UserPerm,
+    parents: &mut Parents,
+) -> Result<Inode, CephError> {
+    let Some((parent, name)) = path
+        .rsplit_once('/')
+        .filter(|(p, n)| !p.is_empty() && !n.is_empty())
+    else {
+        return resolve(mount, path, perm);
+    };
+    let dir = parents
+        .entry(parent.to_owned())
+        .or_insert_with(|| resolve(mount, parent, perm).map_err(|e| e.errno()));
+    let dir = dir
+        .as_ref()
+        .map_err(|&errno| CephError::new("lookup of a parent directory", errno))?;
+    let name = CString::new(name).map_err(|_| CephError::new("path component", libc::EINVAL))?;
+    Ok(mount.lookup(dir, &name, 0, 0, perm)?.0)
 }
 
 /// The first round, before the daemon serves. It can wait on the MDS for as long as the MDS
