@@ -149,20 +149,17 @@ impl CephFs {
     fn rename_target(
         &self,
         old: &Node,
-        oldname: &CStr,
+        from: &ceph_client::Statx,
         new: &Node,
         newname: &CStr,
         perm: &ceph_client::UserPerm,
     ) -> io::Result<RenameTarget> {
-        let (_, from) = self
-            .mount
-            .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm)?;
         let want = CEPH_STATX_INO | CEPH_STATX_NLINK | CEPH_STATX_MODE;
         match self.mount.lookup(&new.inode, newname, want, 0, perm) {
             Ok(_) if old.vino.snapid != nodes::NOSNAP || new.vino.snapid != nodes::NOSNAP => {
                 Ok(RenameTarget::Other)
             }
-            Ok((_, to)) if vino_of(&from) == vino_of(&to) => Ok(RenameTarget::Same),
+            Ok((_, to)) if vino_of(from) == vino_of(&to) => Ok(RenameTarget::Same),
             Ok((_, to)) if kind_of(&to) != libc::S_IFDIR && to.stx_nlink > 1 => {
                 Ok(RenameTarget::LinkedFile)
             }
@@ -419,13 +416,19 @@ impl CephFs {
         {
             return Err(errno(libc::EACCES));
         }
+        // Linux's order: a missing source is ENOENT before anything else. The source is
+        // looked up first for libcephfs too: a rename of a name that does not exist can leave
+        // its dentry marked as being renamed, and every later lookup of the name then waits
+        // forever (ceph-client/tests/quirks.rs).
+        let (_, from) = self
+            .mount
+            .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, &perm)?;
         match flags {
             // POSIX: a rename between two links of one file (or of a name onto itself) does
             // nothing. Linux's VFS checks it before asking the filesystem, but a guest whose
             // dentries are stale (another client linked the names) sends it, and libcephfs
-            // then dropped the source name from its cache though the MDS kept it. The source
-            // is looked up first (see RENAME_NOREPLACE below for why that matters).
-            0 => match self.rename_target(&old, oldname, &new, newname, &perm)? {
+            // then dropped the source name from its cache though the MDS kept it.
+            0 => match self.rename_target(&old, &from, &new, newname, &perm)? {
                 RenameTarget::Same => return Ok(()),
                 // See `side`: through the main session, libcephfs would hide the other names.
                 RenameTarget::LinkedFile => {
@@ -442,14 +445,8 @@ impl CephFs {
             },
             // libcephfs has no atomic "rename unless the target exists": check, then rename.
             // Another client creating the target between the two steps is not caught; within
-            // one guest the kernel's directory locks serialise the two. Linux's order: a
-            // missing source is ENOENT before an existing target is EEXIST. The source is
-            // looked up first for libcephfs too: a rename of a name that does not exist can
-            // leave its dentry marked as being renamed, and every later lookup of the name
-            // then waits forever (ceph-client/tests/quirks.rs).
+            // one guest the kernel's directory locks serialise the two.
             f if f == libc::RENAME_NOREPLACE => {
-                self.mount
-                    .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, &perm)?;
                 match self.mount.lookup(&new.inode, newname, 0, 0, &perm) {
                     Ok(_) => return Err(errno(libc::EEXIST)),
                     Err(e) if e.errno() == libc::ENOENT => {}
@@ -462,7 +459,47 @@ impl CephFs {
         self.mount
             .rename(&old.inode, oldname, &new.inode, newname, &perm)?;
         self.after_rename(&old, &new);
+        self.forget_stale_source(&old, oldname, from.stx_ino, &perm);
         Ok(())
+    }
+
+    /// After a rename through the main session: libcephfs 16 has been seen to keep the source
+    /// name in its cache of the source directory, pointing at the moved file, while it holds
+    /// the directory as completely known (Fsx caps, COMPLETE): listings and lookups of the
+    /// guest then showed a name that is gone, for as long as the caps stayed (fscheck, cache
+    /// metadata, seed 2189807567708067814, operation 28682 of the replay; debug_client 10
+    /// showed the listing served from the cache with the moved inode). If the cached answer
+    /// for the old name is still the moved inode, a setattr of the directory's mtime through
+    /// a short second session makes the MDS take back the main session's shared cap, and
+    /// with it the complete listing; the next lookup asks the MDS. The check costs no MDS
+    /// request while the directory is complete (the usual case after a rename), one lookup
+    /// otherwise.
+    fn forget_stale_source(
+        &self,
+        old: &Node,
+        oldname: &CStr,
+        moved: u64,
+        perm: &ceph_client::UserPerm,
+    ) {
+        let stale = matches!(
+            self.mount.lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm),
+            Ok((_, st)) if st.stx_ino == moved
+        );
+        if !stale {
+            return;
+        }
+        let root = self.perms.root();
+        let fixed = self.side.refresh_dir(old.vino.ino, &root);
+        let gone = !matches!(
+            self.mount.lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm),
+            Ok((_, st)) if st.stx_ino == moved
+        );
+        tracing::debug!(
+            dir = old.vino.ino,
+            refreshed = ?fixed.as_ref().map(|r| r.is_ok()),
+            gone,
+            "the source of a rename was still cached in its directory"
+        );
     }
 
     pub(super) fn do_link(

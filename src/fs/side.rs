@@ -101,4 +101,28 @@ impl SideClient {
         }
         Some(r.map_err(io::Error::from))
     }
+
+    /// Set the mtime of directory `dir` (a head inode number) to what it is, through a
+    /// session of its own: the MDS takes the main session's shared cap on the directory for
+    /// it, so the main session's cached listing goes (see `CephFs::forget_stale_source`). The
+    /// ctime becomes now, as after the rename that prompted it. `None`: no session.
+    pub fn refresh_dir(&self, dir: u64, perm: &UserPerm) -> Option<io::Result<()>> {
+        let connect = self.connect.as_ref()?;
+        let _one = self.one.lock().unwrap_or_else(|e| e.into_inner());
+        let m = (connect.0)().ok()?;
+        let run = || -> Result<(), CephError> {
+            let d = m.lookup_inode(dir)?;
+            let st = m.getattr(&d, ceph_client::CEPH_STATX_MTIME, 0, perm)?;
+            let set = ceph_client::Statx {
+                stx_mtime: st.stx_mtime,
+                ..ceph_client::Statx::default()
+            };
+            m.setattr(&d, &set, ceph_client::CEPH_SETATTR_MTIME, perm)
+        };
+        let r = run();
+        if let Err(e) = m.shutdown(std::time::Duration::ZERO) {
+            tracing::warn!(error = %e, "unmounting the refresh session failed");
+        }
+        Some(r.map_err(io::Error::from))
+    }
 }
