@@ -108,6 +108,8 @@ pub enum ChainError {
     Writer(#[source] fuse_backend_rs::transport::Error),
     #[error("Cannot serve the request")]
     Server(#[source] ServerError),
+    #[error("The descriptor chain loops (a descriptor comes back)")]
+    Loop,
 }
 
 /// Why the backend could not be created.
@@ -800,6 +802,37 @@ fn complete_chain<F>(
     }
 }
 
+/// Whether the chain comes back to a descriptor it has been through. virtio-queue follows
+/// `next` for at most the queue's size of descriptors and does not stop at a repeat, so a
+/// writable descriptor whose `next` leads back to the chain's start was counted again and
+/// again: a READDIRPLUS asking for 1 MiB against a 132 KiB buffer then passed the size check
+/// and its reply claimed 259,536 bytes written into 135,168 (the hostile fuzzer's 10M run).
+/// A descriptor is known by its contents (address, length, flags, next): the same contents
+/// lead to the same successor, so a repeat is a loop (or, across an indirect table and the
+/// ring, a chain no driver builds). Chains are short; long hostile ones use a set.
+fn chain_loops(chain: &DescriptorChain<MemGuard>) -> bool {
+    let mut seen: Vec<(u64, u32, u16, u16)> = Vec::new();
+    let mut set: Option<std::collections::HashSet<(u64, u32, u16, u16)>> = None;
+    for d in chain.clone() {
+        let key = (d.addr().0, d.len(), d.flags(), d.next());
+        match &mut set {
+            Some(s) => {
+                if !s.insert(key) {
+                    return true;
+                }
+            }
+            None if seen.contains(&key) => return true,
+            None if seen.len() < 16 => seen.push(key),
+            None => {
+                let mut s: std::collections::HashSet<_> = seen.drain(..).collect();
+                s.insert(key);
+                set = Some(s);
+            }
+        }
+    }
+    false
+}
+
 /// Map the chain (popped from virtqueue `queue`, with the in-header read when it was popped)
 /// into a FUSE reader/writer and run the server.
 pub fn serve_chain<F>(
@@ -818,6 +851,9 @@ where
             Reader::from_descriptor_chain(&**mem, chain).map_or(0, |r| r.available_bytes());
         return Err(ChainError::Server(ServerError::ShortHeader(available)));
     };
+    if chain_loops(&chain) {
+        return Err(ChainError::Loop);
+    }
     // fuse-backend-rs reads the in-header from a private copy of what the queue thread
     // decoded, never again from guest memory (see `bounce`).
     let composite = bounce::compose(mem).map_err(ChainError::Bounce)?;

@@ -1703,3 +1703,48 @@ fn while_logging_requests_are_answered_with_the_vring_held() {
     backend.acked_features(backend.features() & !VhostUserVirtioFeatures::LOG_ALL.bits());
     assert!(!backend.inner.logging.load(Ordering::Acquire));
 }
+
+/// A chain whose writable descriptor leads back to its first one is refused and returned
+/// with nothing written; the next request is served. Followed, the loop counted the writable
+/// buffer once per pass, and a reply could claim more bytes than the buffer holds (the hostile
+/// fuzzer's "overlong-reply").
+#[test]
+fn hostile_looping_chain_is_returned_unanswered() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = request(FUSE_GETATTR, 61, ROOT_ID, GetattrIn::default());
+    let req = driver.alloc(64);
+    gm.write_slice(&bytes, GuestAddress(req))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply = driver.alloc(256);
+    let first = driver.next_desc;
+    let len = u32::try_from(bytes.len()).unwrap_or(0);
+    let next = u16::try_from(VRING_DESC_F_NEXT).unwrap_or(0);
+    let write = u16::try_from(VRING_DESC_F_WRITE).unwrap_or(0);
+    let raw = [
+        RawDescriptor::from(SplitDescriptor::new(req, len, next, first + 1)),
+        RawDescriptor::from(SplitDescriptor::new(reply, 256, write | next, first)),
+        // Ends the mock's notion of the chain; the device never reaches it.
+        RawDescriptor::from(SplitDescriptor::new(reply, 0, write, 0)),
+    ];
+    driver
+        .mq
+        .add_desc_chains(&raw, first)
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.next_desc += 3;
+    let ok = driver.submit(
+        &request(FUSE_GETATTR, 62, ROOT_ID, GetattrIn::default()),
+        256,
+    );
+    kick(&backend, &vring, 1);
+    assert_eq!(driver.used_idx(), 2);
+    assert_eq!(driver.used(0).1, 0, "the looping chain was answered");
+    let out: OutHeader = driver.read(ok);
+    assert_eq!((out.error, out.unique), (0, 62));
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
+}
