@@ -437,6 +437,7 @@ pub fn compare_listing(
 /// every readable file's bytes.
 pub fn verify_all(m: &mut Model, fds: &[(i32, Id)], content: bool) -> Check {
     for (rel, id) in m.walk() {
+        crate::watch_progress();
         check_inode(m, id, fds)?;
         let (is_dir, is_file) = {
             let n = m.get(id);
