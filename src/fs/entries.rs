@@ -481,19 +481,18 @@ impl CephFs {
         moved: u64,
         perm: &ceph_client::UserPerm,
     ) {
-        let stale = matches!(
-            self.mount.lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm),
-            Ok((_, st)) if st.stx_ino == moved
-        );
-        if !stale {
+        let still_listed = || {
+            matches!(
+                self.mount.lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm),
+                Ok((_, st)) if st.stx_ino == moved
+            )
+        };
+        if !still_listed() {
             return;
         }
         let root = self.perms.root();
         let fixed = self.side.refresh_dir(old.vino.ino, &root);
-        let gone = !matches!(
-            self.mount.lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm),
-            Ok((_, st)) if st.stx_ino == moved
-        );
+        let gone = !still_listed();
         tracing::debug!(
             dir = old.vino.ino,
             refreshed = ?fixed.as_ref().map(|r| r.is_ok()),

@@ -58,6 +58,37 @@ impl SideClient {
         }
     }
 
+    /// Run `f` on a session of its own, unmounted before this returns (which returns the
+    /// session's caps before the guest hears of the change; nothing is in flight then: this
+    /// thread is the session's only user). `None`: no session could be opened.
+    fn with_session(
+        &self,
+        f: impl FnOnce(&Mount) -> Result<(), CephError>,
+    ) -> Option<io::Result<()>> {
+        let connect = self.connect.as_ref()?;
+        let _one = self.one.lock().unwrap_or_else(|e| e.into_inner());
+        let m = match (connect.0)() {
+            Ok(m) => m,
+            Err(e) => {
+                if !self.warned.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        error = %e,
+                        "opening a second CephFS session failed: a rename over a hard link \
+                         then goes through the main session, which may hide the file's other \
+                         names until the MDS revokes its caps, and a source name libcephfs \
+                         still lists after a rename stays listed until then (logged once)"
+                    );
+                }
+                return None;
+            }
+        };
+        let r = f(&m);
+        if let Err(e) = m.shutdown(std::time::Duration::ZERO) {
+            tracing::warn!(error = %e, "unmounting the second CephFS session failed");
+        }
+        Some(r.map_err(io::Error::from))
+    }
+
     /// `rename(olddir/oldname, newdir/newname)` by inode numbers of head directories, through
     /// a session of its own. `None`: no session could be opened (the caller renames itself).
     pub fn rename(
@@ -68,38 +99,14 @@ impl SideClient {
         newname: &CStr,
         perm: &UserPerm,
     ) -> Option<io::Result<()>> {
-        let connect = self.connect.as_ref()?;
-        let _one = self.one.lock().unwrap_or_else(|e| e.into_inner());
-        let m = match (connect.0)() {
-            Ok(m) => m,
-            Err(e) => {
-                if !self.warned.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        error = %e,
-                        "opening a second CephFS session for a rename over a hard link \
-                         failed: such renames go through the main session, which may then \
-                         hide the file's other names until the MDS revokes its caps \
-                         (logged once)"
-                    );
-                }
-                return None;
-            }
-        };
-        let run = || -> Result<(), CephError> {
+        self.with_session(|m| {
             let old = m.lookup_inode(olddir)?;
             if newdir == olddir {
                 return m.rename(&old, oldname, &old, newname, perm);
             }
             let new = m.lookup_inode(newdir)?;
             m.rename(&old, oldname, &new, newname, perm)
-        };
-        let r = run();
-        // Unmounting returns the session's caps before the guest hears of the rename. Nothing
-        // is in flight: this thread is the session's only user.
-        if let Err(e) = m.shutdown(std::time::Duration::ZERO) {
-            tracing::warn!(error = %e, "unmounting the rename session failed");
-        }
-        Some(r.map_err(io::Error::from))
+        })
     }
 
     /// Set the mtime of directory `dir` (a head inode number) to what it is, through a
@@ -107,10 +114,7 @@ impl SideClient {
     /// it, so the main session's cached listing goes (see `CephFs::forget_stale_source`). The
     /// ctime becomes now, as after the rename that prompted it. `None`: no session.
     pub fn refresh_dir(&self, dir: u64, perm: &UserPerm) -> Option<io::Result<()>> {
-        let connect = self.connect.as_ref()?;
-        let _one = self.one.lock().unwrap_or_else(|e| e.into_inner());
-        let m = (connect.0)().ok()?;
-        let run = || -> Result<(), CephError> {
+        self.with_session(|m| {
             let d = m.lookup_inode(dir)?;
             let st = m.getattr(&d, ceph_client::CEPH_STATX_MTIME, 0, perm)?;
             let set = ceph_client::Statx {
@@ -118,11 +122,6 @@ impl SideClient {
                 ..ceph_client::Statx::default()
             };
             m.setattr(&d, &set, ceph_client::CEPH_SETATTR_MTIME, perm)
-        };
-        let r = run();
-        if let Err(e) = m.shutdown(std::time::Duration::ZERO) {
-            tracing::warn!(error = %e, "unmounting the refresh session failed");
-        }
-        Some(r.map_err(io::Error::from))
+        })
     }
 }
