@@ -809,24 +809,33 @@ fn complete_chain<F>(
 /// and its reply claimed 259,536 bytes written into 135,168 (the hostile fuzzer's 10M run).
 /// A descriptor is known by its contents (address, length, flags, next): the same contents
 /// lead to the same successor, so a repeat is a loop (or, across an indirect table and the
-/// ring, a chain no driver builds). Chains are short; long hostile ones use a set.
+/// ring, a chain no driver builds). Chains are short and this runs for every request: the
+/// first 16 descriptors are kept on the stack, only longer (hostile) chains take a set.
 fn chain_loops(chain: &DescriptorChain<MemGuard>) -> bool {
-    let mut seen: Vec<(u64, u32, u16, u16)> = Vec::new();
-    let mut set: Option<std::collections::HashSet<(u64, u32, u16, u16)>> = None;
+    type Key = (u64, u32, u16, u16);
+    let mut few = [(0, 0, 0, 0); 16];
+    let mut n = 0;
+    let mut many: Option<std::collections::HashSet<Key>> = None;
     for d in chain.clone() {
-        let key = (d.addr().0, d.len(), d.flags(), d.next());
-        match &mut set {
-            Some(s) => {
-                if !s.insert(key) {
-                    return true;
-                }
+        let key: Key = (d.addr().0, d.len(), d.flags(), d.next());
+        if let Some(set) = &mut many {
+            if !set.insert(key) {
+                return true;
             }
-            None if seen.contains(&key) => return true,
-            None if seen.len() < 16 => seen.push(key),
+            continue;
+        }
+        if few.get(..n).is_some_and(|seen| seen.contains(&key)) {
+            return true;
+        }
+        match few.get_mut(n) {
+            Some(slot) => {
+                *slot = key;
+                n += 1;
+            }
             None => {
-                let mut s: std::collections::HashSet<_> = seen.drain(..).collect();
-                s.insert(key);
-                set = Some(s);
+                let mut set: std::collections::HashSet<Key> = few.iter().copied().collect();
+                set.insert(key);
+                many = Some(set);
             }
         }
     }

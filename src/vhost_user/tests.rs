@@ -1748,3 +1748,81 @@ fn hostile_looping_chain_is_returned_unanswered() {
     assert_eq!((out.error, out.unique), (0, 62));
     assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
 }
+
+/// Past the 16 descriptors kept on the stack the loop check uses a set: a valid request spread
+/// over 40 descriptors is served, and one whose 21st descriptor leads back to its 3rd is
+/// returned with nothing written.
+#[test]
+fn hostile_long_chains_are_served_unless_they_loop() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let bytes = request(FUSE_GETATTR, 71, ROOT_ID, GetattrIn::default());
+    let req = driver.alloc(64);
+    gm.write_slice(&bytes, GuestAddress(req))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let len = u64::try_from(bytes.len()).unwrap_or(0);
+    // Header whole, the 16-byte body one byte a descriptor: 40 descriptors in all.
+    let reply = driver.alloc(256);
+    let mut descs = vec![(req, 40, false)];
+    descs.extend((40..len).map(|off| (req + off, 1, false)));
+    descs.extend((0..23).map(|i| (reply + i, 1, true)));
+    descs.push((reply + 23, 233, true));
+    assert_eq!(descs.len(), 41);
+    driver.submit_descs(&descs);
+    // The same request again, its 21st descriptor leading back to its 3rd.
+    let bytes2 = request(FUSE_GETATTR, 72, ROOT_ID, GetattrIn::default());
+    let req2 = driver.alloc(64);
+    gm.write_slice(&bytes2, GuestAddress(req2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply2 = driver.alloc(256);
+    let first = driver.next_desc;
+    let next = u16::try_from(VRING_DESC_F_NEXT).unwrap_or(0);
+    let write = u16::try_from(VRING_DESC_F_WRITE).unwrap_or(0);
+    let mut raw = vec![RawDescriptor::from(SplitDescriptor::new(
+        req2,
+        40,
+        next,
+        first + 1,
+    ))];
+    for i in 0..16u16 {
+        raw.push(RawDescriptor::from(SplitDescriptor::new(
+            req2 + 40 + u64::from(i),
+            1,
+            next,
+            first + 2 + i,
+        )));
+    }
+    for i in 0..4u16 {
+        let to = if i == 3 { first + 2 } else { first + 18 + i };
+        raw.push(RawDescriptor::from(SplitDescriptor::new(
+            reply2 + u64::from(i) * 64,
+            64,
+            write | next,
+            to,
+        )));
+    }
+    // Ends the mock's notion of the chain; the device never reaches it.
+    raw.push(RawDescriptor::from(SplitDescriptor::new(
+        reply2, 0, write, 0,
+    )));
+    driver
+        .mq
+        .add_desc_chains(&raw, first)
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.next_desc += u16::try_from(raw.len()).unwrap_or(0);
+    kick(&backend, &vring, 1);
+    assert_eq!(driver.used_idx(), 2);
+    assert!(
+        driver.used(0).1 > 0,
+        "the long valid chain was not answered"
+    );
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique), (0, 71));
+    assert_eq!(driver.used(1).1, 0, "the long looping chain was answered");
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
+}
