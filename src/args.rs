@@ -195,6 +195,14 @@ pub struct Args {
     #[arg(long)]
     pub keep_serving: bool,
 
+    /// Restart and upgrade without the guest noticing, for frontends that reconnect
+    /// (cloud-hypervisor): at start, take the guest's session over from the daemon listening
+    /// on this unix socket (if one does), and while serving, listen on it to hand the session
+    /// to a successor started with the same options, then exit. Start the new daemon while the
+    /// old one runs.
+    #[arg(long, value_name = "PATH")]
+    pub handover: Option<PathBuf>,
+
     /// Print the vhost-user capabilities JSON (read by libvirt) and exit.
     #[arg(long)]
     pub print_capabilities: bool,

@@ -24,6 +24,7 @@ use vhost_user_backend::{Error as DaemonLibError, VhostUserDaemon};
 use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::config::{Config, Listen};
+use crate::handover::HandoverListener;
 use crate::metrics::endpoint::{MetricsServer, Scrape};
 use crate::metrics::watchdog::Watchdog;
 use crate::metrics::FsStats;
@@ -80,11 +81,19 @@ pub enum DaemonError {
     Connection(String),
     #[error("The vhost-user connection thread panicked")]
     ConnectionPanicked,
+    #[error("Cannot listen on the handover socket {path} (--handover): remove a leftover file there, or stop the daemon that listens there")]
+    Handover {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
 enum Event {
     Signal(&'static str),
     Finished(Result<(), DaemonError>),
+    /// A successor took the guest's session (`--handover`).
+    HandedOver,
 }
 
 /// Serve `fs` to one frontend (or, with `keep_serving`, to successive frontends).
@@ -103,8 +112,25 @@ where
         + Sync
         + 'static,
 {
+    serve_session(config, fs, false)
+}
+
+/// [`serve`], for a daemon that may have taken its guest's session over from a predecessor
+/// (`took_over`, `--handover`): that predecessor still holds the socket's pid lock until it
+/// exits, which it does at once, so the lock is waited for.
+pub fn serve_session<F>(config: &Config, fs: Arc<F>, took_over: bool) -> Result<(), DaemonError>
+where
+    F: FileSystem<Inode = u64, Handle = u64>
+        + ExtraOps
+        + FsStats
+        + DeviceState
+        + Send
+        + Sync
+        + 'static,
+{
     let stats: Arc<dyn FsStats> = fs.clone();
     let state: Arc<dyn DeviceState> = fs.clone();
+    let handover_state = state.clone();
     let backend = VhostUserFsBackend::new(
         fs,
         &BackendOptions {
@@ -120,11 +146,28 @@ where
     // Signal handlers first: once the socket exists, SIGTERM is already ours.
     let (events, receiver) = mpsc::channel();
     let signals = SignalThread::start(events.clone(), watchdog(config))?;
-    let (listener, pid_lock) = match open_listener(&config.listen) {
+    let lock_wait = if took_over {
+        PREDECESSOR_EXIT_WAIT
+    } else {
+        std::time::Duration::ZERO
+    };
+    let (listener, pid_lock) = match open_listener(&config.listen, lock_wait) {
         Ok(opened) => opened,
         Err(e) => {
             signals.stop();
             return Err(e);
+        }
+    };
+    // Bound while privileges allow; served on a thread of its own once the frontend can come.
+    let handover = match config.handover.as_deref().map(HandoverListener::bind) {
+        None => None,
+        Some(Ok(l)) => Some(l),
+        Some(Err(source)) => {
+            signals.stop();
+            return Err(DaemonError::Handover {
+                path: config.handover.clone().unwrap_or_default(),
+                source,
+            });
         }
     };
     // The metrics endpoint binds before privileges are dropped (it may need a low port).
@@ -144,6 +187,7 @@ where
 
     let conn_backend = backend.clone();
     let keep_serving = config.keep_serving;
+    let handover_events = events.clone();
     let conn = std::thread::Builder::new()
         .name("vhost-user".to_owned())
         .spawn(move || {
@@ -151,10 +195,26 @@ where
             let _ = events.send(Event::Finished(result));
         })
         .map_err(|e| DaemonError::Thread("vhost-user connection", e))?;
+    if let Some(listener) = handover {
+        let state = handover_state.clone();
+        let queues = backend.clone();
+        let events = handover_events;
+        std::thread::Builder::new()
+            .name("handover".to_owned())
+            .spawn(move || {
+                listener.run(&*state, &queues);
+                let _ = events.send(Event::HandedOver);
+            })
+            .map_err(|e| DaemonError::Thread("handover", e))?;
+    }
 
     let result = match receiver.recv() {
         Ok(Event::Signal(name)) => {
             info!("Received {name}: stopping");
+            Ok(())
+        }
+        Ok(Event::HandedOver) => {
+            info!("The guest's session is handed over to the successor: stopping");
             Ok(())
         }
         Ok(Event::Finished(result)) => result,
@@ -172,6 +232,12 @@ where
     // file ourselves so the next start does not find a stale one.
     if let Listen::SocketPath(path) = &config.listen {
         let _ = std::fs::remove_file(path);
+    }
+    // Ours while we hold the pid lock: a successor binds it only after taking that lock.
+    if let Some(path) = &config.handover {
+        if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+            let _ = std::fs::remove_file(path);
+        }
     }
     drop(pid_lock);
     if !drained {
@@ -219,6 +285,10 @@ fn hand_admin_socket_to_user(config: &Config) {
              slow-request watchdog will not know what libcephfs waits for");
     }
 }
+
+/// How long a daemon that took the session over waits for its predecessor to exit and
+/// release the socket's pid lock (it exits at once; unmounting comes after the release).
+const PREDECESSOR_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long a stop waits for requests in flight before giving up on them.
 const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -290,10 +360,23 @@ where
 
 static FD_TAKEN: AtomicBool = AtomicBool::new(false);
 
-fn open_listener(listen: &Listen) -> Result<(Listener, Option<PidLock>), DaemonError> {
+fn open_listener(
+    listen: &Listen,
+    lock_wait: std::time::Duration,
+) -> Result<(Listener, Option<PidLock>), DaemonError> {
     match listen {
         Listen::SocketPath(path) => {
-            let lock = PidLock::acquire(path)?;
+            let deadline = std::time::Instant::now() + lock_wait;
+            let lock = loop {
+                match PidLock::acquire(path) {
+                    Err(DaemonError::AlreadyRunning { .. })
+                        if std::time::Instant::now() < deadline =>
+                    {
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                    }
+                    other => break other?,
+                }
+            };
             // We hold the lock, so an existing socket file is stale: Listener::new unlinks it.
             let listener = Listener::new(path, true).map_err(|source| DaemonError::Listen {
                 path: path.clone(),

@@ -37,6 +37,7 @@ pub mod ceph;
 pub mod config;
 pub mod daemon;
 pub mod fs;
+pub mod handover;
 pub mod idmap;
 pub mod logging;
 pub mod metrics;

@@ -29,9 +29,9 @@ use ceph_client::ReclaimOutcome;
 use ceph_virtiofsd::args::{Args, QuarantineAction, QuarantineArgs};
 use ceph_virtiofsd::ceph::CephAccess;
 use ceph_virtiofsd::config::{Config, DEFAULT_MOUNT_TIMEOUT};
-use ceph_virtiofsd::daemon;
 use ceph_virtiofsd::fs::{self, CephFs, FsConfig};
 use ceph_virtiofsd::quarantine::{self, Gate, Watcher};
+use ceph_virtiofsd::{daemon, handover};
 use ceph_virtiofsd::{logging, report, Exit, CAPABILITIES_JSON};
 
 /// Why the daemon stopped with an error, and which exit code that means.
@@ -58,13 +58,15 @@ enum RunError {
     },
     #[error("Serving the guest failed")]
     Serve(#[source] ceph_virtiofsd::daemon::DaemonError),
+    #[error("--handover: taking the running daemon's session over failed (it serves on)")]
+    TakeOver(#[source] handover::TakeOverError),
 }
 
 impl RunError {
     fn exit(&self) -> Exit {
         match self {
             RunError::Mount { .. } | RunError::Reclaim { .. } | RunError::Root { .. } => Exit::Ceph,
-            RunError::Serve(_) => Exit::Runtime,
+            RunError::Serve(_) | RunError::TakeOver(_) => Exit::Runtime,
         }
     }
 }
@@ -183,8 +185,25 @@ fn run(config: &Config) -> Result<(), RunError> {
     }
     let fs = Arc::new(CephFs::new(mount, fsc).map_err(|source| RunError::Root { root, source })?);
     fs.set_migration_on_error(config.migration_on_error);
+    // --handover: a running daemon of this device hands its guest's session over first.
+    let took_over = match &config.handover {
+        None => false,
+        Some(path) => match handover::take_over(path, &*fs) {
+            Ok(handover::TakeOver::Nobody) => {
+                info!(path = %path.display(), "--handover: no daemon to take a session over from; starting a fresh one");
+                false
+            }
+            Ok(handover::TakeOver::Taken(_)) => true,
+            Err(source) => {
+                if let Err(e) = fs.shutdown() {
+                    warn!(error = %e, "unmounting CephFS failed; the MDS will time the session out");
+                }
+                return Err(RunError::TakeOver(source));
+            }
+        },
+    };
     // daemon::serve drops privileges and installs seccomp once the socket is open.
-    let served = daemon::serve(config, fs.clone());
+    let served = daemon::serve_session(config, fs.clone(), took_over);
     // Idle worker threads may still hold the filesystem after a signal: unmount explicitly,
     // unless a request is still blocked inside libcephfs (unmounting under it is not safe).
     if !matches!(served, Err(daemon::DaemonError::RequestsStuck(_))) {

@@ -188,6 +188,9 @@ struct Inner<F: FileSystem + Send + Sync> {
     /// The frontend logs dirty pages (it acked VHOST_F_LOG_ALL): a migration is under way,
     /// and requests are served with their vring locked (see `drain_queue_locked`).
     logging: AtomicBool,
+    /// Each queue's vring as its first kick of this connection brought it: what `resume`
+    /// drains after a pause (requests that came meanwhile may have had their kick already).
+    vrings: Vec<Mutex<Option<Vring>>>,
 }
 
 /// Polling state of one queue (only its own thread takes the lock).
@@ -322,6 +325,7 @@ where
                 device_state: OnceLock::new(),
                 transfer: Mutex::new(None),
                 logging: AtomicBool::new(false),
+                vrings: (0..=usize::from(q)).map(|_| Mutex::new(None)).collect(),
             }),
         })
     }
@@ -405,6 +409,9 @@ where
             .write()
             .unwrap_or_else(PoisonError::into_inner) = None;
         self.inner.event_idx.store(false, Ordering::Release);
+        for v in &self.inner.vrings {
+            *v.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        }
     }
 
     /// End the session of a frontend that went away, before the next one connects: wait, at
@@ -427,6 +434,21 @@ where
     pub fn close_and_drain(&self, limit: Duration) -> bool {
         self.inner.closed.store(true, Ordering::Release);
         self.inner.in_flight.wait_idle(limit)
+    }
+
+    /// Take requests again after `close_and_drain` (a handover the successor did not take):
+    /// every queue is drained now, since the guest may have kicked while we were closed and
+    /// will not kick again for the requests it is waiting on.
+    pub fn reopen(&self) {
+        self.inner.closed.store(false, Ordering::Release);
+        for (queue, slot) in self.inner.vrings.iter().enumerate() {
+            let vring = slot.lock().unwrap_or_else(PoisonError::into_inner).clone();
+            if let Some(vring) = vring {
+                if let Err(e) = self.process_queue(&vring, queue) {
+                    warn!(queue, error = %e, "Cannot process queue after reopening it");
+                }
+            }
+        }
     }
 
     /// Pop every available chain of `vring` and dispatch it.
@@ -611,6 +633,11 @@ where
         loop {
             vring.disable_notification().map_err(queue_error)?;
             self.drain_queue(vring, &mem, queue);
+            if self.inner.closed.load(Ordering::Acquire) {
+                // Closed (a stop, or a handover under way): what is left stays in the ring
+                // with notifications off; `reopen` drains it if serving goes on.
+                return Ok(());
+            }
             let spin_start = Instant::now();
             let window = state.window.window();
             if !window.is_zero() && self.poll_avail(vring, &mem, window) {
@@ -1063,6 +1090,12 @@ where
         };
         mark_queue_thread();
         debug!(queue = thread_id, "Queue kicked");
+        if let Some(slot) = self.inner.vrings.get(thread_id) {
+            let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+            if slot.is_none() {
+                *slot = Some(vring.clone());
+            }
+        }
         // An error here means the guest's ring addresses are unusable. Returning it would end
         // this queue's thread for good; log it and retry on the next kick instead.
         if let Err(e) = self.process_queue(vring, thread_id) {
@@ -1074,3 +1107,15 @@ where
 
 #[cfg(test)]
 pub(crate) mod tests;
+
+impl<F> crate::handover::Pausable for VhostUserFsBackend<F>
+where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+{
+    fn pause(&self, limit: Duration) -> bool {
+        self.close_and_drain(limit)
+    }
+    fn resume(&self) {
+        self.reopen();
+    }
+}

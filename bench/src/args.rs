@@ -266,6 +266,7 @@ impl TryFrom<Args> for Config {
             timeout: Duration::from_secs(a.timeout.max(1)),
             event_idx: !a.no_event_idx,
             halt_poll: Duration::from_micros(a.halt_poll_us),
+            reconnect: None,
         };
         let params = Params {
             user: Ctx {

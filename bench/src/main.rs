@@ -12,6 +12,7 @@ mod fuse;
 mod hostile;
 mod session;
 mod stats;
+mod upgrade;
 mod virtq;
 mod workload;
 
@@ -383,6 +384,13 @@ fn main() -> ExitCode {
     // `ceph-virtiofsd-bench hostile ...`: the hostile-guest tools (see hostile/mod.rs).
     if std::env::args_os().nth(1).is_some_and(|a| a == "hostile") {
         return hostile::main(std::env::args_os().skip(1));
+    }
+    // `ceph-virtiofsd-bench upgrade-stream ...`: a guest that outlives its daemon.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "upgrade-stream")
+    {
+        return upgrade::main(std::env::args_os().skip(1));
     }
     let cfg = match Config::try_from(Args::parse()) {
         Ok(c) => c,

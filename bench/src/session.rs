@@ -7,7 +7,7 @@
 //! `SessionOpts::halt_poll`, in a window that adapts per queue as KVM's does per vCPU.
 
 use std::fs::File;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -72,6 +72,11 @@ pub struct SessionOpts {
     /// The most a wait spins on the used ring before sleeping on the call eventfd (zero:
     /// never); each queue's window adapts below it.
     pub halt_poll: Duration,
+    /// Reconnect when the daemon hangs up, as cloud-hypervisor does with a restarted
+    /// back-end: retry the socket for at most this long, set the device up again (no
+    /// FUSE_INIT: the guest's session goes on) and keep waiting for the request in flight.
+    /// None: a hang-up is a transport failure.
+    pub reconnect: Option<Duration>,
 }
 
 /// Whether the session uses VIRTIO_RING_F_EVENT_IDX, and why not.
@@ -191,6 +196,13 @@ impl ReqQueue {
 /// One connected vhost-user-fs device.
 pub struct FuseSession {
     frontend: Frontend,
+    socket: std::path::PathBuf,
+    features: u64,
+    protocol: VhostUserProtocolFeatures,
+    queue_size: u16,
+    reconnect: Option<Duration>,
+    /// Times the daemon hung up and a new one took the session (see `SessionOpts::reconnect`).
+    pub reconnects: usize,
     hiprio: VirtQueue,
     hi_unique: u64,
     queues: Vec<ReqQueue>,
@@ -248,8 +260,8 @@ impl FuseSession {
         } else {
             0
         };
-        fe.set_features(VIRTIO_F_VERSION_1 | pf | ring_feats)
-            .map_err(v("SET_FEATURES"))?;
+        let features = VIRTIO_F_VERSION_1 | pf | ring_feats;
+        fe.set_features(features).map_err(v("SET_FEATURES"))?;
         let notify = Notify {
             event_idx: event_idx == EventIdx::Negotiated,
             halt_poll: o.halt_poll,
@@ -333,30 +345,7 @@ impl FuseSession {
                 .map_err(|e| SetupError::Queue(i, e))?;
             vq.reset_rings()
                 .map_err(|e| SetupError::Queue(i, std::io::Error::other(e)))?;
-            let hva = |a: GuestAddress| -> Result<u64, SetupError> {
-                mem.get_host_address(a)
-                    .map(|p| p as u64)
-                    .map_err(|e| SetupError::Queue(i, std::io::Error::other(e)))
-            };
-            let cfg = VringConfigData {
-                queue_max_size: o.queue_size,
-                queue_size: o.queue_size,
-                flags: 0,
-                desc_table_addr: hva(rings.desc)?,
-                used_ring_addr: hva(rings.used)?,
-                avail_ring_addr: hva(rings.avail)?,
-                log_addr: None,
-            };
-            fe.set_vring_num(i, o.queue_size)
-                .map_err(v("SET_VRING_NUM"))?;
-            fe.set_vring_base(i, 0).map_err(v("SET_VRING_BASE"))?;
-            fe.set_vring_addr(i, &cfg).map_err(v("SET_VRING_ADDR"))?;
-            fe.set_vring_call(i, &vq.call)
-                .map_err(v("SET_VRING_CALL"))?;
-            fe.set_vring_kick(i, &vq.kick)
-                .map_err(v("SET_VRING_KICK"))?;
-            fe.set_vring_enable(i, true)
-                .map_err(v("SET_VRING_ENABLE"))?;
+            setup_vring(&mut fe, &mem, i, &vq, rings, o.queue_size, 0)?;
             vqs.push(vq);
         }
         let mut it = vqs.into_iter();
@@ -380,6 +369,12 @@ impl FuseSession {
             .collect();
         let mut s = FuseSession {
             frontend: fe,
+            socket: socket.to_owned(),
+            features,
+            protocol: want,
+            queue_size: o.queue_size,
+            reconnect: o.reconnect,
+            reconnects: 0,
             hiprio,
             hi_unique: 0,
             queues,
@@ -398,7 +393,76 @@ impl FuseSession {
             max_io = max_io.min(u32::from(s.init.max_pages) * 4096);
         }
         s.max_io = max_io;
+        s.watch_hangups();
         Ok(s)
+    }
+
+    /// With `reconnect`, every queue's wait also watches the socket for the daemon's hang-up.
+    fn watch_hangups(&mut self) {
+        let fd = self.reconnect.map(|_| self.frontend.as_raw_fd());
+        self.hiprio.watch_hangup(fd);
+        for q in &mut self.queues {
+            q.vq.watch_hangup(fd);
+        }
+    }
+
+    /// The daemon hung up: connect to its successor on the same socket and set the device up
+    /// again as it was, each queue resuming at the used index the old daemon published, then
+    /// kick every queue once. The guest's FUSE session (node ids, handles) is the successor's
+    /// to keep: no FUSE_INIT.
+    fn reconnect(&mut self) -> Result<(), SetupError> {
+        let wait = self.reconnect.unwrap_or_default();
+        let deadline = Instant::now() + wait;
+        let nq = self.queues.len() + 1;
+        let mut fe = loop {
+            match Frontend::connect(&self.socket, nq as u64) {
+                Ok(fe) => break fe,
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(SetupError::Connect(self.socket.display().to_string(), e))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        let v = |what: &'static str| move |e| SetupError::Vhost(what, e);
+        fe.set_owner().map_err(v("SET_OWNER"))?;
+        let offered = fe.get_features().map_err(v("GET_FEATURES"))?;
+        if offered & self.features != self.features {
+            return Err(SetupError::MissingFeature(
+                "the features of the first daemon",
+                offered,
+            ));
+        }
+        fe.set_features(self.features).map_err(v("SET_FEATURES"))?;
+        let protocol = fe
+            .get_protocol_features()
+            .map_err(v("GET_PROTOCOL_FEATURES"))?;
+        fe.set_protocol_features(protocol & self.protocol)
+            .map_err(v("SET_PROTOCOL_FEATURES"))?;
+        if self.protocol.contains(VhostUserProtocolFeatures::REPLY_ACK) {
+            fe.set_hdr_flags(VhostUserHeaderFlag::NEED_REPLY);
+        }
+        let mem = self._mem.clone();
+        let regions = mem
+            .iter()
+            .map(VhostUserMemoryRegionInfo::from_guest_region)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(SetupError::Region)?;
+        fe.set_mem_table(&regions).map_err(v("SET_MEM_TABLE"))?;
+        let size = self.queue_size;
+        let vqs =
+            std::iter::once(&mut self.hiprio).chain(self.queues.iter_mut().map(|q| &mut q.vq));
+        for (i, vq) in vqs.enumerate() {
+            let base = vq
+                .device_used_idx()
+                .map_err(|e| SetupError::Queue(i, std::io::Error::other(e)))?;
+            setup_vring(&mut fe, &mem, i, vq, vq.layout(), size, base)?;
+            vq.kick_now()
+                .map_err(|e| SetupError::Queue(i, std::io::Error::other(e)))?;
+        }
+        self.frontend = fe;
+        self.reconnects += 1;
+        self.watch_hangups();
+        Ok(())
     }
 
     fn fuse_init(&mut self) -> Result<InitInfo, OpError> {
@@ -476,6 +540,42 @@ impl FuseSession {
     }
 }
 
+/// Hand queue `i` to the daemon: its size, where its rings are, the index it starts at, its
+/// eventfds.
+fn setup_vring(
+    fe: &mut Frontend,
+    mem: &GuestMemoryMmap,
+    i: usize,
+    vq: &VirtQueue,
+    rings: RingLayout,
+    size: u16,
+    base: u16,
+) -> Result<(), SetupError> {
+    let v = |what: &'static str| move |e| SetupError::Vhost(what, e);
+    let hva = |a: GuestAddress| -> Result<u64, SetupError> {
+        mem.get_host_address(a)
+            .map(|p| p as u64)
+            .map_err(|e| SetupError::Queue(i, std::io::Error::other(e)))
+    };
+    let cfg = VringConfigData {
+        queue_max_size: size,
+        queue_size: size,
+        flags: 0,
+        desc_table_addr: hva(rings.desc)?,
+        used_ring_addr: hva(rings.used)?,
+        avail_ring_addr: hva(rings.avail)?,
+        log_addr: None,
+    };
+    fe.set_vring_num(i, size).map_err(v("SET_VRING_NUM"))?;
+    fe.set_vring_base(i, base).map_err(v("SET_VRING_BASE"))?;
+    fe.set_vring_addr(i, &cfg).map_err(v("SET_VRING_ADDR"))?;
+    fe.set_vring_call(i, &vq.call)
+        .map_err(v("SET_VRING_CALL"))?;
+    fe.set_vring_kick(i, &vq.kick)
+        .map_err(v("SET_VRING_KICK"))?;
+    fe.set_vring_enable(i, true).map_err(v("SET_VRING_ENABLE"))
+}
+
 fn run_stream(
     q: &mut ReqQueue,
     ctx: Ctx,
@@ -535,7 +635,30 @@ impl Backend for FuseSession {
         q.submit(0, ctx, &op)?;
         q.vq.flush().map_err(transport)?;
         let mut done = Vec::new();
-        q.vq.wait(&mut done).map_err(transport)?;
+        loop {
+            let q = self.queues.first_mut().ok_or_else(|| {
+                transport(QueueError::Timeout {
+                    queue: 1,
+                    secs: 0,
+                    inflight: 0,
+                })
+            })?;
+            match q.vq.wait(&mut done) {
+                Ok(()) => break,
+                Err(QueueError::HungUp(_)) if self.reconnect.is_some() => {
+                    self.reconnect()
+                        .map_err(|e| OpError::Transport(Box::new(e)))?;
+                }
+                Err(e) => return Err(transport(e)),
+            }
+        }
+        let q = self.queues.first_mut().ok_or_else(|| {
+            transport(QueueError::Timeout {
+                queue: 1,
+                secs: 0,
+                inflight: 0,
+            })
+        })?;
         let c = done.first().ok_or_else(|| {
             transport(QueueError::Timeout {
                 queue: 1,

@@ -13,7 +13,7 @@
 //! Waiting can first spin on the used index for a while, like a halt-polled vCPU (see `wait`).
 
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,6 +97,9 @@ pub enum QueueError {
     Kick(usize, #[source] io::Error),
     #[error("Queue {queue}: request needs {need} bytes but slot buffers hold {cap}")]
     TooBig { queue: usize, need: u64, cap: u32 },
+    /// The daemon closed the vhost-user socket (it exited) while we waited.
+    #[error("Queue {0}: the daemon hung up while a request was waiting")]
+    HungUp(usize),
 }
 
 /// How a queue is notified and waited on; fixed for the queue's lifetime except `halt_poll`.
@@ -173,6 +176,9 @@ pub struct VirtQueue {
     pub kick: EventFd,
     pub call: EventFd,
     timeout: Duration,
+    /// The vhost-user socket, watched while blocked when the session reconnects: its hang-up
+    /// ends the wait with `HungUp` instead of the timeout.
+    hangup: Option<RawFd>,
 }
 
 impl VirtQueue {
@@ -206,6 +212,7 @@ impl VirtQueue {
             kick,
             call,
             timeout,
+            hangup: None,
         };
         Ok(q)
     }
@@ -234,8 +241,35 @@ impl VirtQueue {
         self.counters
     }
 
+    /// Watch `fd` (the vhost-user socket) while blocked: see [`QueueError::HungUp`].
+    pub fn watch_hangup(&mut self, fd: Option<RawFd>) {
+        self.hangup = fd;
+    }
+
+    /// The used ring's index as the device last published it: after a back-end restart, the
+    /// next available entry the new back-end must take (every request the old one took was
+    /// answered before it handed over).
+    pub fn device_used_idx(&self) -> Result<u16, QueueError> {
+        self.load16(self.rings.used.unchecked_add(2), Ordering::Acquire)
+    }
+
+    /// Kick the device whatever the notification state: a new back-end must look at the
+    /// available ring once, since the kicks of requests made meanwhile went to the old one.
+    pub fn kick_now(&mut self) -> Result<(), QueueError> {
+        self.kick
+            .write(1)
+            .map_err(|e| QueueError::Kick(self.index, e))?;
+        self.kicked_idx = self.avail_idx;
+        Ok(())
+    }
+
     #[cfg(test)]
     pub fn rings(&self) -> RingLayout {
+        self.rings
+    }
+
+    /// Where the rings are in guest memory.
+    pub fn layout(&self) -> RingLayout {
         self.rings
     }
 
@@ -485,21 +519,37 @@ impl VirtQueue {
                     inflight: self.in_flight(),
                 });
             }
-            let mut pfd = libc::pollfd {
-                fd: self.call.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
+            let mut pfd = [
+                libc::pollfd {
+                    fd: self.call.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: self.hangup.unwrap_or(-1),
+                    events: libc::POLLRDHUP,
+                    revents: 0,
+                },
+            ];
             let ms = libc::c_int::try_from(left.as_millis().max(1)).unwrap_or(libc::c_int::MAX);
             self.counters.blocks += 1;
-            // SAFETY: `pfd` is a valid, initialised pollfd that lives across the call, and we
-            // pass exactly one entry; poll only writes `revents`.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            // SAFETY: `pfd` is an array of two valid, initialised pollfds that lives across the
+            // call, and we pass its length; poll only writes `revents` (a negative fd is
+            // ignored by poll).
+            let r = unsafe { libc::poll(pfd.as_mut_ptr(), 2, ms) };
             if r < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() != io::ErrorKind::Interrupted {
                     return Err(QueueError::Wait(self.index, e));
                 }
+            }
+            if pfd[1].revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0 {
+                // What the device answered before it went is still taken.
+                self.reap(out)?;
+                if !out.is_empty() {
+                    return Ok(());
+                }
+                return Err(QueueError::HungUp(self.index));
             }
         }
     }

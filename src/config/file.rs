@@ -72,6 +72,7 @@ pub struct FileVhostUser {
     pub poll_us: Option<u64>,
     pub keep_serving: Option<bool>,
     pub migration_on_error: Option<cli::MigrationOnError>,
+    pub handover: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -84,6 +84,9 @@ pub struct Config {
     pub keep_serving: bool,
     /// Live migration: what a destination does with entries it cannot resolve.
     pub migration_on_error: crate::migration::OnError,
+    /// `--handover`: the unix socket a session is taken over from at start and handed over
+    /// on to a successor.
+    pub handover: Option<PathBuf>,
     pub cache: CacheMode,
     pub xattr: bool,
     /// Per-guest limits and policy of the filesystem layer.
@@ -576,6 +579,7 @@ impl Config {
             queues,
             poll_us,
             keep_serving: args.keep_serving || file.vhost_user.keep_serving.unwrap_or(false),
+            handover: args.handover.or(file.vhost_user.handover),
             migration_on_error: match args
                 .migration_on_error
                 .or(file.vhost_user.migration_on_error)
