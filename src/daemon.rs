@@ -129,6 +129,7 @@ where
         + 'static,
 {
     let stats: Arc<dyn FsStats> = fs.clone();
+    let recovering = fs.clone();
     let state: Arc<dyn DeviceState> = fs.clone();
     let handover_state = state.clone();
     let backend = VhostUserFsBackend::new(
@@ -195,6 +196,11 @@ where
             let _ = events.send(Event::Finished(result));
         })
         .map_err(|e| DaemonError::Thread("vhost-user connection", e))?;
+    let rec_backend = backend.clone();
+    std::thread::Builder::new()
+        .name("recovery".to_owned())
+        .spawn(move || recovery_loop(&*recovering, &rec_backend))
+        .map_err(|e| DaemonError::Thread("session recovery", e))?;
     if let Some(listener) = handover {
         let state = handover_state.clone();
         let queues = backend.clone();
@@ -220,7 +226,7 @@ where
         Ok(Event::Finished(result)) => result,
         Err(mpsc::RecvError) => Err(DaemonError::ConnectionPanicked),
     };
-    let drained = backend.close_and_drain(DRAIN_LIMIT);
+    let drained = backend.stop_and_drain(DRAIN_LIMIT);
     if let Some(m) = metrics {
         m.stop();
     }
@@ -244,6 +250,39 @@ where
         return Err(DaemonError::RequestsStuck(DRAIN_LIMIT.as_secs()));
     }
     result
+}
+
+/// Recover the CephFS session whenever the filesystem says it is lost (an eviction): the
+/// guest's queues are paused while no request runs, the filesystem mounts a new session and
+/// brings the guest's nodes and handles over, then the queues go on. A failed attempt is tried
+/// again, at most every 30 s. Returns at once for a filesystem that does not recover.
+fn recovery_loop<F>(fs: &F, backend: &VhostUserFsBackend<F>)
+where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+{
+    let mut backoff = std::time::Duration::from_secs(1);
+    while fs.wait_for_lost_session() {
+        warn!(
+            "The CephFS session is gone (the MDS evicted this client; libcephfs answers ESHUTDOWN): pausing the guest's requests to mount a new session"
+        );
+        if backend.close_and_drain(DRAIN_LIMIT) {
+            match fs.recover_session() {
+                Ok(line) => {
+                    warn!("CephFS session recovered after the eviction: {line}");
+                    backoff = std::time::Duration::from_secs(1);
+                    backend.reopen();
+                    continue;
+                }
+                Err(e) => error!(error = %e, retry_s = backoff.as_secs(),
+                    "Cannot mount a new CephFS session after the eviction; the guest's requests fail with ESHUTDOWN until it works"),
+            }
+        } else {
+            warn!("Requests are still running in the lost session; trying again");
+        }
+        backend.reopen();
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+    }
 }
 
 /// The slow-request watchdog of `config`, with request tracking turned on for it; `None` (and

@@ -185,6 +185,12 @@ fn run(config: &Config) -> Result<(), RunError> {
     }
     let fs = Arc::new(CephFs::new(mount, fsc).map_err(|source| RunError::Root { root, source })?);
     fs.set_migration_on_error(config.migration_on_error);
+    // After an eviction, a new session like this one (fs::recover).
+    let remount_root = config.ceph.root.clone();
+    fs.set_remount(Box::new(move || {
+        let recalls: Box<dyn ceph_client::CallbackHandler> = Box::new(fs::limits::RecallHandler);
+        Ok(access.mount_with(&remount_root, Some(recalls))?)
+    }));
     // --handover: a running daemon of this device hands its guest's session over first.
     let took_over = match &config.handover {
         None => false,

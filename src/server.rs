@@ -160,6 +160,10 @@ where
             }
         };
         metrics::global().record_request(header.opcode, reply.as_ref(), elapsed);
+        if reply.as_ref().is_some_and(|r| r.errno == libc::ESHUTDOWN) {
+            // libcephfs's answer once this client is evicted: recover the session.
+            self.fs.session_lost();
+        }
         if tracing::enabled!(tracing::Level::DEBUG) {
             let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
             span.record("us", us);

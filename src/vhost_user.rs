@@ -170,6 +170,8 @@ struct Inner<F: FileSystem + Send + Sync> {
     mem: RwLock<Option<GuestMem>>,
     event_idx: AtomicBool,
     closed: AtomicBool,
+    /// Closed for good (the daemon stops): `reopen` does nothing any more.
+    stopped: AtomicBool,
     in_flight: Arc<InFlight>,
     pool: Option<WorkerPool>,
     /// Threads for requests that may wait for another request (SETLKW) when there is no
@@ -303,6 +305,7 @@ where
                 mem: RwLock::new(None),
                 event_idx: AtomicBool::new(false),
                 closed: AtomicBool::new(false),
+                stopped: AtomicBool::new(false),
                 in_flight: Arc::new(InFlight::default()),
                 pool,
                 waits_pool,
@@ -436,10 +439,20 @@ where
         self.inner.in_flight.wait_idle(limit)
     }
 
+    /// [`close_and_drain`](Self::close_and_drain) for good: a later `reopen` (a session
+    /// recovery or a handover that ends after the stop began) does not take requests again.
+    pub fn stop_and_drain(&self, limit: Duration) -> bool {
+        self.inner.stopped.store(true, Ordering::Release);
+        self.close_and_drain(limit)
+    }
+
     /// Take requests again after `close_and_drain` (a handover the successor did not take):
     /// every queue is drained now, since the guest may have kicked while we were closed and
     /// will not kick again for the requests it is waiting on.
     pub fn reopen(&self) {
+        if self.inner.stopped.load(Ordering::Acquire) {
+            return;
+        }
         self.inner.closed.store(false, Ordering::Release);
         for (queue, slot) in self.inner.vrings.iter().enumerate() {
             let vring = slot.lock().unwrap_or_else(PoisonError::into_inner).clone();

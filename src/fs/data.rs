@@ -43,7 +43,7 @@ impl CephFs {
         let root = self.perms.root();
         let size = |flags| -> io::Result<u64> {
             Ok(self
-                .mount
+                .mount()
                 .getattr(&f.node.inode, ceph_client::CEPH_STATX_SIZE, flags, &root)?
                 .stx_size)
         };
@@ -149,7 +149,7 @@ impl CephFs {
         }
         let keep = libc::O_ACCMODE | libc::O_APPEND;
         let flags = (oflags & keep) | libc::O_DSYNC;
-        Ok(Some(self.mount.open(
+        Ok(Some(self.mount().open(
             &node.inode,
             flags,
             &self.perms.root(),
@@ -165,7 +165,7 @@ impl CephFs {
         f.noted.store(true, Ordering::Relaxed);
         if self.cached.mark(f.ino) {
             self.cached
-                .prune(f.ino, |ino| self.mount.cached_inode(ino).is_some());
+                .prune(f.ino, |ino| self.mount().cached_inode(ino).is_some());
         }
     }
 
@@ -284,7 +284,7 @@ impl CephFs {
 
     /// SYNCFS: flush everything this client has dirty.
     pub fn sync_all(&self) -> io::Result<()> {
-        Ok(self.mount.sync_fs()?)
+        Ok(self.mount().sync_fs()?)
     }
 }
 
@@ -388,5 +388,19 @@ impl crate::server::wire::ExtraOps for CephFs {
         self.caller(ctx)?;
         self.node(ino)?;
         self.sync_all()
+    }
+
+    fn session_lost(&self) {
+        self.note_session_lost();
+    }
+
+    fn wait_for_lost_session(&self) -> bool {
+        CephFs::wait_for_lost_session(self)
+    }
+
+    fn recover_session(&self) -> io::Result<String> {
+        let r = self.recover_lost_session();
+        crate::metrics::session_recovery(r.is_ok());
+        r
     }
 }

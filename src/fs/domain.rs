@@ -111,7 +111,7 @@ impl CephFs {
                 break;
             }
             if head && !n.is_dir() && g.near_denied() {
-                match self.mount.getattr(&n.inode, CEPH_STATX_NLINK, 0, &perm) {
+                match self.mount().getattr(&n.inode, CEPH_STATX_NLINK, 0, &perm) {
                     Ok(st) if st.stx_nlink <= 1 => {}
                     _ => break,
                 }
@@ -127,7 +127,7 @@ impl CephFs {
     /// Whether `link.name` in `link.parent` is still inode `vino`.
     pub(super) fn link_holds(&self, link: &Link, vino: Vino, perm: &ceph_client::UserPerm) -> bool {
         match self
-            .mount
+            .mount()
             .lookup(&link.parent.inode, &link.name, CEPH_STATX_INO, 0, perm)
         {
             Ok((_, st)) => vino_of(&st) == vino,
@@ -158,7 +158,7 @@ impl CephFs {
         let mut cur_ino = ino;
         for _ in 0..MAX_DEPTH {
             let at = cur.as_ref().unwrap_or(start);
-            let (p, st) = match self.mount.lookup(at, c"..", CEPH_STATX_INO, 0, &perm) {
+            let (p, st) = match self.mount().lookup(at, c"..", CEPH_STATX_INO, 0, &perm) {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::debug!(%e, ino = cur_ino, "walking up a directory's ancestry");
@@ -231,7 +231,7 @@ impl CephFs {
         if !g.any_denied() {
             return false;
         }
-        match self.mount.lookup(&dir.inode, name, WANT, 0, perm) {
+        match self.mount().lookup(&dir.inode, name, WANT, 0, perm) {
             Ok((_, st)) => g.denied(self.child_domain(dir, &st).0),
             Err(_) => false,
         }

@@ -155,7 +155,7 @@ impl CephFs {
         perm: &ceph_client::UserPerm,
     ) -> io::Result<RenameTarget> {
         let want = CEPH_STATX_INO | CEPH_STATX_NLINK | CEPH_STATX_MODE;
-        match self.mount.lookup(&new.inode, newname, want, 0, perm) {
+        match self.mount().lookup(&new.inode, newname, want, 0, perm) {
             Ok(_) if old.vino.snapid != nodes::NOSNAP || new.vino.snapid != nodes::NOSNAP => {
                 Ok(RenameTarget::Other)
             }
@@ -186,7 +186,7 @@ impl CephFs {
         let root = self.perms.root();
         let mut buf = [0u8; 32];
         if let Err(e) = self
-            .mount
+            .mount()
             .getxattr(&old.inode, c"ceph.dir.subdirs", &mut buf, &root)
         {
             tracing::debug!(%e, ino = old.vino.ino, "refreshing a directory after a rename");
@@ -197,14 +197,14 @@ impl CephFs {
         let perm = self.perm(ctx);
         let bytes = name.to_bytes();
         if bytes == b"." {
-            let st = self.mount.getattr(&parent.inode, WANT, 0, &perm)?;
+            let st = self.mount().getattr(&parent.inode, WANT, 0, &perm)?;
             return self.same_entry(parent, &st);
         }
         // ".." never reaches libcephfs from the guest: see `lookup_parent`.
         if bytes == b".." {
             return self.lookup_parent(parent, ctx);
         }
-        let (inode, st) = self.mount.lookup(&parent.inode, name, WANT, 0, &perm)?;
+        let (inode, st) = self.mount().lookup(&parent.inode, name, WANT, 0, &perm)?;
         self.child_entry(
             parent,
             bytes,
@@ -237,7 +237,7 @@ impl CephFs {
         } else if let Some(l) = link.filter(|l| self.link_holds(l, node.vino, &perm)) {
             l.parent
         } else {
-            let (inode, st) = self.mount.lookup(&node.inode, c"..", WANT, 0, &perm)?;
+            let (inode, st) = self.mount().lookup(&node.inode, c"..", WANT, 0, &perm)?;
             let vino = vino_of(&st);
             if vino == self.nodes.root_vino() {
                 self.nodes.get(ROOT_ID).ok_or_else(|| errno(libc::ESTALE))?
@@ -279,7 +279,7 @@ impl CephFs {
             }
         };
         self.gate(self.domain_of(&up), "lookup", ctx.guest_uid())?;
-        let st = self.mount.getattr(&up.inode, WANT, 0, &perm)?;
+        let st = self.mount().getattr(&up.inode, WANT, 0, &perm)?;
         self.same_entry(&up, &st)
     }
 
@@ -309,7 +309,7 @@ impl CephFs {
 
     pub(super) fn do_readlink(&self, ctx: &Caller, inode: u64) -> io::Result<Vec<u8>> {
         let node = self.node_op(inode, "readlink", ctx)?;
-        Ok(self.mount.readlink(&node.inode, &self.perm(ctx))?)
+        Ok(self.mount().readlink(&node.inode, &self.perm(ctx))?)
     }
 
     pub(super) fn do_symlink(
@@ -327,7 +327,7 @@ impl CephFs {
         self.snapdir_change(&parent)?;
         self.node_room("symlink")?;
         let (inode, st) =
-            self.mount
+            self.mount()
                 .symlink(&parent.inode, name, linkname, WANT, 0, &self.perm(ctx))?;
         self.child_entry(&parent, name.to_bytes(), inode, &st, "symlink", None)
     }
@@ -345,7 +345,7 @@ impl CephFs {
         let parent = self.dir_op(parent, "mknod", ctx)?;
         self.snapdir_change(&parent)?;
         self.node_room("mknod")?;
-        let (inode, st) = self.mount.mknod(
+        let (inode, st) = self.mount().mknod(
             &parent.inode,
             name,
             mode,
@@ -369,7 +369,7 @@ impl CephFs {
         self.snapdir_change(&parent)?;
         self.node_room("mkdir")?;
         let (inode, st) =
-            self.mount
+            self.mount()
                 .mkdir(&parent.inode, name, mode & 0o7777, WANT, 0, &self.perm(ctx))?;
         self.child_entry(&parent, name.to_bytes(), inode, &st, "mkdir", None)
     }
@@ -378,7 +378,7 @@ impl CephFs {
         self.changed_name(name, names::Change::Unlink)?;
         let parent = self.dir_op(parent, "unlink", ctx)?;
         self.snapdir_change(&parent)?;
-        self.mount.unlink(&parent.inode, name, &self.perm(ctx))?;
+        self.mount().unlink(&parent.inode, name, &self.perm(ctx))?;
         Ok(())
     }
 
@@ -390,7 +390,7 @@ impl CephFs {
         if self.names_denied_root(&parent, name, &perm) {
             return Err(errno(libc::EACCES));
         }
-        self.mount.rmdir(&parent.inode, name, &perm)?;
+        self.mount().rmdir(&parent.inode, name, &perm)?;
         Ok(())
     }
 
@@ -421,7 +421,7 @@ impl CephFs {
         // its dentry marked as being renamed, and every later lookup of the name then waits
         // forever (ceph-client/tests/quirks.rs).
         let (_, from) = self
-            .mount
+            .mount()
             .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, &perm)?;
         match flags {
             // POSIX: a rename between two links of one file (or of a name onto itself) does
@@ -447,7 +447,7 @@ impl CephFs {
             // Another client creating the target between the two steps is not caught; within
             // one guest the kernel's directory locks serialise the two.
             f if f == libc::RENAME_NOREPLACE => {
-                match self.mount.lookup(&new.inode, newname, 0, 0, &perm) {
+                match self.mount().lookup(&new.inode, newname, 0, 0, &perm) {
                     Ok(_) => return Err(errno(libc::EEXIST)),
                     Err(e) if e.errno() == libc::ENOENT => {}
                     Err(e) => return Err(e.into()),
@@ -456,7 +456,7 @@ impl CephFs {
             // RENAME_EXCHANGE cannot be done atomically through libcephfs; WHITEOUT is overlayfs'.
             _ => return Err(errno(libc::EINVAL)),
         }
-        self.mount
+        self.mount()
             .rename(&old.inode, oldname, &new.inode, newname, &perm)?;
         self.after_rename(&old, &new);
         self.forget_stale_source(&old, oldname, from.stx_ino, &perm);
@@ -483,7 +483,7 @@ impl CephFs {
     ) {
         let still_listed = || {
             matches!(
-                self.mount.lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm),
+                self.mount().lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm),
                 Ok((_, st)) if st.stx_ino == moved
             )
         };
@@ -517,9 +517,9 @@ impl CephFs {
         }
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
-        self.mount
+        self.mount()
             .link(&node.inode, &parent.inode, newname, &perm)?;
-        let st = self.mount.getattr(&node.inode, WANT, 0, &perm)?;
+        let st = self.mount().getattr(&node.inode, WANT, 0, &perm)?;
         self.same_entry(&node, &st)
     }
 }

@@ -24,8 +24,9 @@ pub struct HandleTable<H> {
     /// Most handles the table holds; an insert beyond it fails with ENFILE. `usize::MAX`: no
     /// limit.
     max: AtomicUsize,
-    /// Handles a migration could not open again, with their node: ESTALE until released.
-    stale: RwLock<HashMap<u64, u64>>,
+    /// Handles a migration or a session recovery could not open again, with their node and
+    /// the errno every use gets until released (ESTALE, EIO).
+    stale: RwLock<HashMap<u64, (u64, i32)>>,
 }
 
 /// One open handle and the node it was opened on.
@@ -110,21 +111,22 @@ impl<H> HandleTable<H> {
         }
     }
 
-    /// The errno for a handle not in the table: ESTALE for one a migration lost (taken out of
-    /// the stale set on `release`), EBADF otherwise.
+    /// The errno for a handle not in the table: the one recorded for a handle a migration or
+    /// a recovery lost (taken out of the stale set on `release`), EBADF otherwise.
     #[cold]
     fn missing(&self, node: u64, fh: u64, release: bool) -> i32 {
-        let stale = |s: &HashMap<u64, u64>| s.get(&fh) == Some(&node);
-        if !stale(&self.stale.read().unwrap_or_else(|e| e.into_inner())) {
+        let stale =
+            |s: &HashMap<u64, (u64, i32)>| s.get(&fh).filter(|(n, _)| *n == node).map(|&(_, e)| e);
+        let Some(errno) = stale(&self.stale.read().unwrap_or_else(|e| e.into_inner())) else {
             return libc::EBADF;
-        }
+        };
         if release {
             self.stale
                 .write()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&fh);
         }
-        libc::ESTALE
+        errno
     }
 
     /// Enter a handle under the number a previous daemon gave the guest (migration). EEXIST
@@ -141,12 +143,13 @@ impl<H> HandleTable<H> {
         Ok(())
     }
 
-    /// Mark handle `fh` of `node` as lost in a migration: every use is ESTALE until released.
-    pub fn restore_stale(&self, fh: u64, node: u64) {
+    /// Mark handle `fh` of `node` as lost (a migration: ESTALE; a recovery: EIO): every use
+    /// gets `errno` until released.
+    pub fn restore_stale(&self, fh: u64, node: u64, errno: i32) {
         self.stale
             .write()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(fh, node);
+            .insert(fh, (node, errno));
         self.next.fetch_max(fh.saturating_add(1), Ordering::Relaxed);
     }
 
@@ -258,7 +261,7 @@ mod tests {
         t.restore(1000, 7, "file").unwrap();
         assert_eq!(t.restore(1000, 7, "again").unwrap_err(), libc::EEXIST);
         assert_eq!(t.get(7, 1000).unwrap().handle, "file");
-        t.restore_stale(2000, 8);
+        t.restore_stale(2000, 8, libc::ESTALE);
         assert_eq!(t.get(8, 2000).unwrap_err(), libc::ESTALE);
         // Another node's view of the lost number is a plain bad handle.
         assert_eq!(t.get(9, 2000).unwrap_err(), libc::EBADF);

@@ -26,7 +26,7 @@ impl CephFs {
     fn has_caps(&self, node: &Node, _perm: &ceph_client::UserPerm) -> bool {
         let name = c"security.capability";
         match self
-            .mount
+            .mount()
             .getxattr(&node.inode, name, &mut [], &self.perms.root())
         {
             Ok(_) => true,
@@ -48,14 +48,14 @@ impl CephFs {
             // Read again here, not at the decision: the fallback below then has the shortest
             // window it can have (libcephfs answers under the As cap, no MDS request).
             let cur = u32::from(
-                self.mount
+                self.mount()
                     .getattr(&node.inode, CEPH_STATX_MODE, 0, &root)?
                     .stx_mode,
             );
             match killpriv::kill_suidgid(cur) {
                 None => {}
                 Some(m) if killpriv::mds_kill_sguid(cur) == m => {
-                    self.mount.setattr(
+                    self.mount().setattr(
                         &node.inode,
                         &Statx::default(),
                         CEPH_SETATTR_KILL_SGUID,
@@ -71,14 +71,14 @@ impl CephFs {
                         stx_mode: perm_bits(m),
                         ..Default::default()
                     };
-                    self.mount
+                    self.mount()
                         .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?;
                 }
             }
         }
         if kill.remove_caps {
             match self
-                .mount
+                .mount()
                 .removexattr(&node.inode, c"security.capability", &root)
             {
                 Ok(()) => {}
@@ -107,7 +107,7 @@ impl CephFs {
         }
         let mode = if flagged {
             u32::from(
-                self.mount
+                self.mount()
                     .getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?
                     .stx_mode,
             )
@@ -130,7 +130,7 @@ impl CephFs {
     fn put_special_bits(&self, node: &Node, before: u32, want: u32) -> io::Result<()> {
         let root = self.perms.root();
         let now = u32::from(
-            self.mount
+            self.mount()
                 .getattr(&node.inode, CEPH_STATX_MODE, 0, &root)?
                 .stx_mode,
         );
@@ -142,7 +142,7 @@ impl CephFs {
             ..Default::default()
         };
         Ok(self
-            .mount
+            .mount()
             .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?)
     }
 
@@ -173,7 +173,7 @@ impl CephFs {
         let killpriv = self.killpriv_on() && (size_or_owner || flagged);
         if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || size_or_owner) {
             let cur = u32::from(
-                self.mount
+                self.mount()
                     .getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?
                     .stx_mode,
             );
@@ -211,7 +211,7 @@ impl CephFs {
         // removed in it meanwhile (`touch -d 2001-01-01 D; mkdir D/x` left D at 2001): flush
         // them now. One MDS round trip, for explicit directory times only.
         if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
-            self.mount.sync_inode(&node.inode, false)?;
+            self.mount().sync_inode(&node.inode, false)?;
         }
         if let Some((before, want)) = kill.special_after {
             self.put_special_bits(node, before, want)?;

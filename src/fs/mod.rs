@@ -30,12 +30,14 @@ pub mod nodes;
 mod open;
 pub mod perms;
 pub mod policy;
+pub mod recover;
 pub mod shards;
 pub mod side;
 mod state;
 mod stats;
 mod xattr;
 
+use arc_swap::ArcSwap;
 use std::ffi::{CStr, CString};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -152,7 +154,9 @@ impl Default for FsConfig {
 /// CephFS served as a FUSE filesystem.
 #[derive(Debug)]
 pub struct CephFs {
-    mount: Mount,
+    /// The CephFS session; replaced by a new one when the MDS evicted this client
+    /// ([`recover`]), with no request running.
+    mount: ArcSwap<Mount>,
     nodes: NodeTable<Inode>,
     handles: HandleTable<Handle>,
     perms: PermCache,
@@ -170,6 +174,8 @@ pub struct CephFs {
     snapdir: Box<[u8]>,
     /// Live migration of the guest's session ([`state`]).
     migration: state::Migration,
+    /// A new CephFS session after an eviction ([`recover`]).
+    recovery: recover::Recovery,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -254,7 +260,7 @@ impl CephFs {
         Ok(CephFs {
             side: side::SideClient::new(cfg.second_session.clone()),
             snapdir,
-            mount,
+            mount: ArcSwap::from_pointee(mount),
             nodes,
             handles,
             perms,
@@ -264,6 +270,7 @@ impl CephFs {
             cached: cached::CachedInodes::default(),
             limits: LimitStats::default(),
             migration: state::Migration::default(),
+            recovery: recover::Recovery::default(),
         })
     }
 
@@ -282,8 +289,9 @@ impl CephFs {
         self.handles.len()
     }
 
-    pub fn mount(&self) -> &Mount {
-        &self.mount
+    /// The current CephFS session.
+    pub fn mount(&self) -> arc_swap::Guard<Arc<Mount>> {
+        self.mount.load()
     }
 
     /// End of service: close every handle, drop every node, and unmount, so the MDS session
@@ -294,7 +302,7 @@ impl CephFs {
     pub fn shutdown(&self) -> io::Result<()> {
         self.handles.clear();
         self.nodes.clear();
-        Ok(self.mount.shutdown(SHUTDOWN_WAIT)?)
+        Ok(self.mount().shutdown(SHUTDOWN_WAIT)?)
     }
 
     /// See [`names::check_changed`].

@@ -390,6 +390,30 @@ impl<T> NodeTable<T> {
         Ok(node)
     }
 
+    /// Give the export root (node 1) another inode of the same file (a new CephFS session
+    /// after an eviction: the old session's inode is unusable). Its domain stays.
+    pub fn replace_root(&self, inode: T) {
+        let mut shard = self
+            .shard(ROOT_ID)
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some(old) = shard.get(&ROOT_ID).cloned() else {
+            return;
+        };
+        let node = NewNode {
+            vino: old.vino,
+            kind: old.kind,
+            domain: old.domain_at(),
+            link: None,
+            inode,
+        }
+        .into_node(ROOT_ID, 1);
+        shard.insert(ROOT_ID, node);
+        drop(shard);
+        // The old root's inode is released here, outside the lock.
+        drop(old);
+    }
+
     /// Number of nodes in the table.
     pub fn len(&self) -> usize {
         self.shards

@@ -37,6 +37,19 @@ impl Migration {
     }
 }
 
+/// How [`CephFs::restore_tables`] treats what it cannot bring back.
+#[derive(Debug)]
+pub(super) enum Restore {
+    /// Another daemon's session: lost handles answer ESTALE.
+    Migration,
+    /// This daemon's own session after an eviction: the handles in `dropped` (writers, lock
+    /// holders: their unflushed data and their locks went with the old session) are not
+    /// opened again, and they and any other lost handle answer EIO.
+    Recovery {
+        dropped: std::collections::HashSet<u64>,
+    },
+}
+
 /// Threads that look the nodes up on the destination.
 const RESOLVERS: usize = 8;
 
@@ -93,14 +106,21 @@ impl CephFs {
 
     /// The guest's session as a state (see [`crate::migration`]). No request may be running.
     pub fn save_session(&self) -> Result<State, MigrationError> {
-        let handles = self.handles.snapshot();
-        let locked = handles
+        let locked = self
+            .handles
+            .snapshot()
             .iter()
             .filter(|(_, e)| matches!(&e.handle, Handle::File(f) if self.may_hold_locks(f)))
             .count();
         if locked > 0 {
             return Err(MigrationError::LocksHeld(locked));
         }
+        Ok(self.snapshot_session())
+    }
+
+    /// The node and handle tables as a state, whatever locks are held.
+    pub(super) fn snapshot_session(&self) -> State {
+        let handles = self.handles.snapshot();
         let nodes = self
             .nodes
             .snapshot()
@@ -135,13 +155,13 @@ impl CephFs {
             })
             .collect();
         let root = self.nodes.root_vino();
-        Ok(State {
+        State {
             fuse_capable: self.migration.capable.load(Ordering::Relaxed),
             idmap_fingerprint: idmap_fingerprint(&self.cfg.idmap),
             root: (root.ino, root.snapid),
             nodes,
             handles,
-        })
+        }
     }
 
     /// Take over a session saved by another daemon: every node is looked up by inode number,
@@ -162,15 +182,45 @@ impl CephFs {
             return Err(MigrationError::SessionActive(n, h));
         }
         let abort = self.migration.abort_on_error.load(Ordering::Relaxed);
-        let mut report = LoadReport::default();
-        let mut first_lost: Option<String> = None;
-        let mut lost = |what: String, report_count: &mut usize| {
-            *report_count += 1;
-            tracing::warn!("migration: {what}: the guest gets ESTALE for it");
-            first_lost.get_or_insert(what);
-        };
         // The guest's FUSE session as negotiated with the source (no INIT comes again).
         self.init(FsOptions::from_bits_truncate(state.fuse_capable))?;
+        let (report, first_lost) = self.restore_tables(state, &Restore::Migration);
+        let lost_total = report.lost_nodes + report.lost_handles;
+        if abort && lost_total > 0 {
+            // Back to an empty session: the destination will not serve this guest.
+            self.handles.clear();
+            self.nodes.clear();
+            return Err(MigrationError::Unresolved {
+                lost: lost_total,
+                first: first_lost.unwrap_or_default(),
+            });
+        }
+        tracing::info!("migration: session loaded: {report}");
+        Ok(report)
+    }
+
+    /// Enter `state`'s nodes and handles in the (empty) tables, each resolved against the
+    /// current session: what cannot be found is left out (a node) or answers an errno (a
+    /// handle: ESTALE after a migration, EIO after a recovery). The report and the first loss.
+    pub(super) fn restore_tables(
+        &self,
+        state: &State,
+        how: &Restore,
+    ) -> (LoadReport, Option<String>) {
+        let (what, lost_errno) = match how {
+            Restore::Migration => ("migration", libc::ESTALE),
+            Restore::Recovery { .. } => ("session recovery", libc::EIO),
+        };
+        let mut report = LoadReport::default();
+        let mut first_lost: Option<String> = None;
+        let mut lost = |item: String, report_count: &mut usize| {
+            *report_count += 1;
+            tracing::warn!(
+                "{what}: {item}: the guest gets {} for it",
+                std::io::Error::from_raw_os_error(lost_errno)
+            );
+            first_lost.get_or_insert(item);
+        };
         let perm = self.perms.root();
         // Quarantine: every restored node derives its domain again on first use (UNSURE, which
         // is denied, until then; the generation cannot match the gate's current one).
@@ -233,8 +283,13 @@ impl CephFs {
             } else {
                 restored.get(&h.node).cloned()
             };
+            let dropped = match how {
+                Restore::Recovery { dropped } => dropped.contains(&h.fh),
+                Restore::Migration => false,
+            };
             let opened = match node {
                 None => Err(errno(libc::ESTALE)),
+                Some(_) if dropped => Err(errno(libc::EIO)),
                 Some(node) => self.reopen(&node, h.kind, &perm),
             };
             let result =
@@ -242,7 +297,7 @@ impl CephFs {
             match result {
                 Ok(()) => report.handles += 1,
                 Err(e) => {
-                    self.handles.restore_stale(h.fh, h.node);
+                    self.handles.restore_stale(h.fh, h.node, lost_errno);
                     lost(
                         format!("handle {:#x} of node {:#x}: {e}", h.fh, h.node),
                         &mut report.lost_handles,
@@ -250,18 +305,7 @@ impl CephFs {
                 }
             }
         }
-        let lost_total = report.lost_nodes + report.lost_handles;
-        if abort && lost_total > 0 {
-            // Back to an empty session: the destination will not serve this guest.
-            self.handles.clear();
-            self.nodes.clear();
-            return Err(MigrationError::Unresolved {
-                lost: lost_total,
-                first: first_lost.unwrap_or_default(),
-            });
-        }
-        tracing::info!("migration: session loaded: {report}");
-        Ok(report)
+        (report, first_lost)
     }
 
     /// Find every node's inode by number, on a few threads: each lookup an inode libcephfs
@@ -296,8 +340,8 @@ impl CephFs {
 
     /// The inode of a saved node, if it is still the same type of file.
     fn resolve(&self, n: &NodeState, perm: &ceph_client::UserPerm) -> io::Result<Inode> {
-        let inode = self.mount.lookup_vino(n.ino, n.snapid)?;
-        let st = self.mount.getattr(&inode, CEPH_STATX_MODE, 0, perm)?;
+        let inode = self.mount().lookup_vino(n.ino, n.snapid)?;
+        let st = self.mount().getattr(&inode, CEPH_STATX_MODE, 0, perm)?;
         if kind_of(&st) != n.kind {
             return Err(errno(libc::ESTALE));
         }
@@ -319,7 +363,7 @@ impl CephFs {
                     return Err(errno(libc::ESTALE));
                 }
                 let oflags = oflags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
-                let file = self.mount.open(&node.inode, oflags, perm)?;
+                let file = self.mount().open(&node.inode, oflags, perm)?;
                 let writer = self.direct_writer(node, oflags)?;
                 Ok(Handle::File(OpenFile::new(file, writer, oflags, node)))
             }
@@ -327,7 +371,7 @@ impl CephFs {
                 if !node.is_dir() {
                     return Err(errno(libc::ESTALE));
                 }
-                let dir = self.mount.opendir(&node.inode, perm)?;
+                let dir = self.mount().opendir(&node.inode, perm)?;
                 Ok(Handle::Dir(Mutex::new(DirStream::restored(dir, pos)?)))
             }
         }

@@ -61,6 +61,10 @@ pub struct Metrics {
     quarantine_retired: AtomicU64,
     /// Inode releases the MDS asked for (process-wide: one daemon serves one guest).
     mds_recalls: AtomicU64,
+    /// CephFS sessions lost to an eviction and replaced (`fs::recover`), and recoveries that
+    /// failed (and were tried again).
+    session_recoveries: AtomicU64,
+    session_recovery_failures: AtomicU64,
     /// Requests that were in flight longer than `--slow-request-secs`, by opcode.
     slow_requests: [AtomicU64; OPCODE_SLOTS],
     /// Requests in flight longer than the bound at the watchdog's last scan.
@@ -95,6 +99,16 @@ pub fn quarantine_domain_retired() {
 /// libcephfs callback handler.
 pub fn mds_inode_recalled() {
     GLOBAL.mds_recalls.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Count one CephFS session recovered after an eviction (`ok`), or one attempt that failed.
+pub fn session_recovery(ok: bool) {
+    let c = if ok {
+        &GLOBAL.session_recoveries
+    } else {
+        &GLOBAL.session_recovery_failures
+    };
+    c.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Keeps a queue's in-flight count raised until dropped.
@@ -158,6 +172,8 @@ impl Metrics {
             quarantine_denials: ZERO,
             quarantine_retired: ZERO,
             mds_recalls: ZERO,
+            session_recoveries: ZERO,
+            session_recovery_failures: ZERO,
             slow_requests: [ZERO; OPCODE_SLOTS],
             requests_stuck: ZERO,
         }
@@ -392,6 +408,26 @@ impl Metrics {
             "ceph_virtiofsd_mds_inode_recalls_total",
             &[],
             self.mds_recalls.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_session_recoveries_total",
+            Kind::Counter,
+            "CephFS sessions lost to an eviction (blocklisted) and replaced by a new one.",
+        );
+        w.sample(
+            "ceph_virtiofsd_session_recoveries_total",
+            &[],
+            self.session_recoveries.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_session_recovery_failures_total",
+            Kind::Counter,
+            "Attempts to replace a lost CephFS session that failed (tried again).",
+        );
+        w.sample(
+            "ceph_virtiofsd_session_recovery_failures_total",
+            &[],
+            self.session_recovery_failures.load(Ordering::Relaxed),
         );
         if let Some(h) = ceph {
             h.render(&mut w);

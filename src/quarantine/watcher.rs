@@ -99,6 +99,9 @@ struct Scanner {
     /// to another's is registered under the new one before it leaves the old one (never a
     /// moment with no domain).
     unhook: Vec<(u64, u32)>,
+    /// A read of this round answered ESHUTDOWN: the watcher's session was evicted, and a new
+    /// one is mounted next round (what could not be read stays denied meanwhile).
+    session_lost: bool,
 }
 
 impl Scanner {
@@ -238,6 +241,18 @@ impl Scanner {
             self.gate.invalidate();
         }
         self.gate.round_done();
+        if std::mem::take(&mut self.session_lost) {
+            // Evicted (blocklisted): every call of this session fails from now on. Drop it;
+            // the next round mounts a new one. Until then the unread domains stay denied.
+            tracing::warn!("quarantine: the watcher's CephFS session was evicted; mounting a new one (quarantine-capable directories stay denied until their state is read again)");
+            self.roots.clear();
+            self.listings.clear();
+            if let Some(m) = self.mount.take() {
+                if let Err(e) = m.abort_conn(std::time::Duration::from_secs(5)) {
+                    tracing::warn!(error = %e, "quarantine: aborting the evicted session");
+                }
+            }
+        }
     }
 
     /// Retire the domains whose directory has been missing for [`RETIRE_AFTER`] rounds.
@@ -294,6 +309,7 @@ impl Scanner {
             }
             Err(e) => {
                 self.missing.remove(&d);
+                self.session_lost |= e.errno() == libc::ESHUTDOWN;
                 tracing::debug!(path, error = %e, "quarantine: resolve");
                 return State::Unreadable;
             }
@@ -325,6 +341,7 @@ impl Scanner {
             Ok(true) => State::Quarantined,
             Ok(false) => State::Released,
             Err(e) => {
+                self.session_lost |= e.errno() == libc::ESHUTDOWN;
                 tracing::debug!(path, error = %e, "quarantine: getxattr");
                 State::Unreadable
             }
@@ -494,6 +511,7 @@ pub fn start(
         overflow: HashMap::new(),
         missing: HashMap::new(),
         unhook: Vec::new(),
+        session_lost: false,
     };
     first_scan(&mut s);
     tracing::info!(

@@ -99,6 +99,21 @@ pub trait ExtraOps {
 
     /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
     fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
+
+    /// A reply carried ESHUTDOWN: the storage session behind the filesystem is gone (CephFS:
+    /// this client was evicted and blocklisted).
+    fn session_lost(&self) {}
+
+    /// Block until the session is lost; false at once for a filesystem that cannot recover
+    /// (the caller stops waiting).
+    fn wait_for_lost_session(&self) -> bool {
+        false
+    }
+
+    /// Replace the lost session; no request may be running. A line on what was brought back.
+    fn recover_session(&self) -> io::Result<String> {
+        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
+    }
 }
 
 /// What the reply written to the guest says, read back after the server answered.
