@@ -22,6 +22,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("idmap", &[]),
     // The device state format of live migration, and the filesystem's side of it as a trait.
     ("migration", &[]),
+    // The handover of a session to a successor daemon: moves migration states over a socket.
+    ("handover", &["migration"]),
     // Counters take plain values; the wire format names their labels.
     ("metrics", &["server::wire"]),
     // The quarantine: its gate, watcher and operator command, on its own settings type.
@@ -42,7 +44,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("server", &["metrics", "server::wire"]),
     (
         "vhost_user",
-        &["metrics", "migration", "poll", "server", "server::wire"],
+        &["handover", "metrics", "migration", "poll", "server", "server::wire"],
     ),
     // The command line (clap types) and the validated `Config` built from it.
     ("args", &[]),
@@ -67,6 +69,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "args",
             "config",
+            "handover",
             "metrics",
             "migration",
             "sandbox",
