@@ -23,7 +23,7 @@ const RECORD: usize = 4096;
 /// A daemon started on an existing socket path (its predecessor's), logging to `log`.
 fn successor(lab: &Lab, socket: &Path, export: &str, handover: &Path, log: &Path) -> Child {
     let logf = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
+    Command::new(common::daemon_binary())
         .arg("--socket-path")
         .arg(socket)
         .args(["--ceph-conf", lab.conf.to_str().unwrap()])

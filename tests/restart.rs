@@ -365,7 +365,7 @@ fn restart_with_no_active_mds_fails_the_start_instead_of_waiting() {
         .unwrap();
     assert!(st.status.success(), "ceph fs fail");
     let work = lab.scratch(&format!("{name}-daemon"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
+    let mut child = Command::new(common::daemon_binary())
         .arg("--socket-path")
         .arg(work.join("vhost-fs.sock"))
         .arg("--ceph-conf")

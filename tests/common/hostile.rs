@@ -577,7 +577,7 @@ pub fn daemon_with_stalled_stderr(
     let socket = work.join("vhost-fs.sock");
     let log = work.join("daemon.log");
     let logf = std::fs::File::create(&log).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
+    let mut child = Command::new(super::daemon_binary())
         .arg("--socket-path")
         .arg(&socket)
         .arg("--ceph-conf")

@@ -36,6 +36,16 @@ pub fn errno<T>(r: std::io::Result<T>) -> i32 {
     }
 }
 
+/// The daemon the tests run: `CEPH_VIRTIOFSD_DAEMON` if set (tests/run's release cell points it
+/// at the daemon built against another Ceph release, run in that release's root filesystem),
+/// else the one cargo built with these tests.
+pub fn daemon_binary() -> PathBuf {
+    std::env::var_os("CEPH_VIRTIOFSD_DAEMON").map_or_else(
+        || PathBuf::from(env!("CARGO_BIN_EXE_ceph-virtiofsd")),
+        PathBuf::from,
+    )
+}
+
 /// The `ceph-virtiofsd-bench` binary (the hostile guest's frontend), which lives in a crate of
 /// its own (`bench/`), so cargo gives this package's tests no `CARGO_BIN_EXE_` for it: the
 /// path in `CEPH_VIRTIOFSD_BENCH` if set, else the one next to this test executable's profile
@@ -137,7 +147,7 @@ impl Daemon {
         let socket = work.join("vhost-fs.sock");
         let log = work.join("daemon.log");
         let logf = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_ceph-virtiofsd"))
+        let child = Command::new(daemon_binary())
             .arg("--socket-path")
             .arg(&socket)
             .arg("--ceph-conf")
