@@ -13,8 +13,8 @@
 //! Debian package installs them, so the examples run with their own paths; the test changes only
 //! what a lab without KVM, disk image or terminal needs (see [`domain_xml`]).
 //!
-//! There is no systemd in that root filesystem (the lab machines cannot boot one in a
-//! container), so the socket domain's daemon is started by this test with exactly the unit's
+//! No systemd runs next to that libvirtd (it is not a booted container), so the socket domain's
+//! daemon is started by this test with exactly the unit's
 //! `ExecStart=` (`%i` = vm1, `$CEPH_VIRTIOFSD_ARGS` empty as without an .env file), `User=`,
 //! `Group=` and `UMask=`, a clean environment and its `RuntimeDirectory=`, and stopped with
 //! SIGTERM as `systemctl stop` does. The unit's sandboxing directives are checked by
