@@ -1,7 +1,7 @@
 //! libvirt 11 runs the packaged examples: `packaging/examples/libvirt-domain.xml` (libvirt
 //! starts the daemon itself, through `<binary path='/usr/libexec/ceph-virtiofsd-compat'>`) and
 //! `packaging/examples/libvirt-domain-socket.xml` (`<source socket=…>`, the daemon started as
-//! `ceph-virtiofsd@vm1.service` would start it). For each: `virsh define` and `virsh start`, the
+//! `ceph-virtiofsd@vm1.service` under systemd). For each: `virsh define` and `virsh start`, the
 //! guest mounts `-t virtiofs`, writes a file and reads it back, the bytes are checked through a
 //! second CephFS client on the host, `virsh shutdown` (ACPI) powers the guest off, the domain is
 //! shut off, and the daemon exits cleanly: exit status 0 (its log says so for the one libvirt ran),
@@ -13,12 +13,13 @@
 //! Debian package installs them, so the examples run with their own paths; the test changes only
 //! what a lab without KVM, disk image or terminal needs (see [`domain_xml`]).
 //!
-//! No systemd runs next to that libvirtd (it is not a booted container), so the socket domain's
-//! daemon is started by this test with exactly the unit's
-//! `ExecStart=` (`%i` = vm1, `$CEPH_VIRTIOFSD_ARGS` empty as without an .env file), `User=`,
-//! `Group=` and `UMask=`, a clean environment and its `RuntimeDirectory=`, and stopped with
-//! SIGTERM as `systemctl stop` does. The unit's sandboxing directives are checked by
-//! `tests/packaging.rs` (`systemd-analyze`), not here.
+//! The socket domain's daemon runs under real systemd: `tests/lab/libvirt --systemd` boots the
+//! same root filesystem with `systemd-nspawn --boot` (on an overlay) next to libvirtd, with the
+//! repository's `ceph-virtiofsd@.service` and the daemon under test installed, and the test runs
+//! `systemctl start ceph-virtiofsd@vm1`: the unit as shipped, its user, umask and sandbox
+//! included. Both see one /run/ceph-virtiofsd, so QEMU connects to the unit's socket. The daemon
+//! keeps serving after the guest (`--keep-serving`); `systemctl stop` ends it, and systemd must
+//! report exit status 0 and result "success".
 //!
 //! Run alone: `tests/lab/libvirt` (as root, once), then `cargo test --test libvirt` with the lab's
 //! environment (see tests/run).
@@ -161,6 +162,65 @@ impl Drop for Libvirt {
             .arg("--stop")
             .arg(&self.run)
             .status();
+    }
+}
+
+/// The lab's root filesystem booted with systemd-nspawn next to libvirtd (`tests/lab/libvirt
+/// --systemd`), with the repository's unit installed; powered off by `--stop` (the [`Libvirt`]
+/// drop).
+struct Systemd {
+    script: PathBuf,
+    run: PathBuf,
+}
+
+impl Systemd {
+    fn boot(lab: &Lab, run: &Path) -> Systemd {
+        let script = lab_script(lab);
+        let daemon = std::fs::canonicalize(env!("CARGO_BIN_EXE_ceph-virtiofsd")).unwrap();
+        let out = Command::new(&script)
+            .arg("--systemd")
+            .arg(run)
+            .arg(&daemon)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "tests/lab/libvirt --systemd: {}\n{}",
+            show(&out),
+            std::fs::read_to_string(run.join("log/container.log")).unwrap_or_default()
+        );
+        Systemd {
+            script,
+            run: run.to_owned(),
+        }
+    }
+
+    fn exec(&self, args: &[&str]) -> Output {
+        Command::new(&self.script)
+            .arg("--sysexec")
+            .arg(&self.run)
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    /// `systemctl show -P KEY ceph-virtiofsd@vm1`.
+    fn show(&self, key: &str) -> String {
+        let o = self.exec(&["systemctl", "show", "-P", key, "ceph-virtiofsd@vm1"]);
+        assert!(o.status.success(), "systemctl show: {}", show(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    }
+
+    fn journal(&self) -> String {
+        let o = self.exec(&[
+            "journalctl",
+            "--no-pager",
+            "-o",
+            "cat",
+            "-u",
+            "ceph-virtiofsd@vm1",
+        ]);
+        String::from_utf8_lossy(&o.stdout).into_owned()
     }
 }
 
@@ -564,75 +624,41 @@ fn libvirt_runs_the_packaged_domains() {
         )
         .unwrap();
     }
-    // RuntimeDirectory=ceph-virtiofsd, RuntimeDirectoryMode=0750, owned by User=/Group=.
-    let rd = lv.exec(&[
-        "install",
-        "-d",
-        "-m",
-        "0750",
-        "-o",
-        &user,
-        "-g",
-        &group,
-        "/run/ceph-virtiofsd",
-    ]);
-    assert!(rd.status.success(), "{}", show(&rd));
-    let exec_start = unit_value(&unit, "ExecStart")
-        .replace("%i", "vm1")
-        .replace("$CEPH_VIRTIOFSD_ARGS", "");
-    let umask = unit_value(&unit, "UMask");
-    let daemon_log = run.join("log/ceph-virtiofsd@vm1.log");
-    let child = Command::new(lab_script(&lab))
-        .arg("--exec")
-        .arg(&run)
-        .args(["env", "-i", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "setpriv"])
-        .arg(format!("--reuid={user}"))
-        .arg(format!("--regid={group}"))
-        .args(["--init-groups", "--", "/bin/sh", "-c"])
-        .arg(format!("umask {umask} && exec \"$@\""))
-        .arg("sh")
-        .args(exec_start.split_whitespace())
-        .stdin(Stdio::null())
-        .stdout(std::fs::File::create(&daemon_log).unwrap())
-        .stderr(std::fs::File::create(run.join("log/ceph-virtiofsd@vm1.err")).unwrap())
-        .spawn()
-        .unwrap();
-    // --exec ends in exec: the child is the daemon itself. Stopped (SIGTERM) if the test fails.
-    let mut daemon = common::Daemon {
-        child: Some(child),
-        socket: PathBuf::from("/run/ceph-virtiofsd/vm1.sock"),
-        log: daemon_log.clone(),
-    };
-    let dlog = || {
-        format!(
-            "{}{}",
-            std::fs::read_to_string(&daemon_log).unwrap_or_default(),
-            std::fs::read_to_string(run.join("log/ceph-virtiofsd@vm1.err")).unwrap_or_default()
-        )
-    };
+    // Real systemd (a container booted next to libvirtd) starts the unit as shipped, its sandbox
+    // included; /run/ceph-virtiofsd is one directory for both.
+    let sd = Systemd::boot(&lab, &run);
+    let started = sd.exec(&["systemctl", "start", "ceph-virtiofsd@vm1"]);
+    assert!(
+        started.status.success(),
+        "systemctl start ceph-virtiofsd@vm1: {}\n{}",
+        show(&started),
+        sd.journal()
+    );
+    let sock = run.join("unit-run/vm1.sock");
     wait_for(
         "ceph-virtiofsd@vm1 listens on /run/ceph-virtiofsd/vm1.sock",
         60,
         || {
+            let active = sd.show("ActiveState");
             assert!(
-                daemon.child.as_mut().unwrap().try_wait().unwrap().is_none(),
-                "ceph-virtiofsd@vm1 exited:\n{}",
-                dlog()
+                active == "active" || active == "activating",
+                "ceph-virtiofsd@vm1 is {active}:\n{}",
+                sd.journal()
             );
-            lv.exec(&["test", "-S", "/run/ceph-virtiofsd/vm1.sock"])
-                .status
-                .success()
+            sock.exists()
         },
-        dlog,
+        || sd.journal(),
     );
-    // What the unit promises: the group may connect (read and write), others may not.
+    // What the unit promises: its user and group own the socket, the group may connect (read and
+    // write), others may not. (Names as the lab's root filesystem has them.)
     let mode = lv.exec(&["stat", "-c", "%a %U %G", "/run/ceph-virtiofsd/vm1.sock"]);
     assert_eq!(
         String::from_utf8_lossy(&mode.stdout).trim(),
         format!("770 {user} {group}"),
-        "the unit's socket: 0777 less UMask={umask}, its user and group"
+        "the unit's socket: 0777 less its UMask, its User= and Group="
     );
-    let daemon_pid = daemon.pid();
+    // The daemon's pid in the container's pid namespace, as its session metadata has it.
+    let main_pid = sd.show("MainPID");
     run_domain(
         &lab,
         &lv,
@@ -642,22 +668,26 @@ fn libvirt_runs_the_packaged_domains() {
         &export2,
         || {
             let s = sessions_of_root(&lab, &export2);
-            let pid = daemon_pid.to_string();
             assert!(
-                !s.is_empty() && s.iter().all(|(_, p)| *p == pid),
-                "the MDS sessions of ceph-virtiofsd@vm1 (pid {pid}): {s:?}"
+                !s.is_empty() && s.iter().all(|(_, p)| *p == main_pid),
+                "the MDS sessions of ceph-virtiofsd@vm1 (MainPID {main_pid}): {s:?}"
             );
         },
     );
-    // --keep-serving: the unit's daemon outlives the guest; `systemctl stop` sends SIGTERM.
+    // --keep-serving: the unit's daemon outlives the guest, not restarted.
+    assert_eq!(sd.show("ActiveState"), "active", "{}", sd.journal());
+    assert_eq!(sd.show("NRestarts"), "0", "{}", sd.journal());
+    assert_eq!(sd.show("MainPID"), main_pid, "{}", sd.journal());
+    let stopped = sd.exec(&["systemctl", "stop", "ceph-virtiofsd@vm1"]);
+    assert!(stopped.status.success(), "{}", show(&stopped));
+    // Exit status 0 on SIGTERM, as systemd saw it.
+    assert_eq!(sd.show("ExecMainStatus"), "0", "{}", sd.journal());
+    assert_eq!(sd.show("Result"), "success", "{}", sd.journal());
+    let journal = sd.journal();
     assert!(
-        daemon.child.as_mut().unwrap().try_wait().unwrap().is_none(),
-        "ceph-virtiofsd@vm1 exited with the guest (--keep-serving):\n{}",
-        dlog()
+        journal.contains("CephFS unmounted") && journal.contains("ceph-virtiofsd stopped"),
+        "ceph-virtiofsd@vm1 did not log its clean stop:\n{journal}"
     );
-    // SIGTERM, SIGKILL after 20 s (then the status is not success).
-    let status = daemon.stop().unwrap();
-    assert!(status.success(), "ceph-virtiofsd@vm1: {status}\n{}", dlog());
     assert!(
         sessions_of_root(&lab, &export2).is_empty(),
         "the MDS still lists ceph-virtiofsd@vm1's session"
