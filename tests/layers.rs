@@ -44,7 +44,14 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("server", &["metrics", "server::wire"]),
     (
         "vhost_user",
-        &["handover", "metrics", "migration", "poll", "server", "server::wire"],
+        &[
+            "handover",
+            "metrics",
+            "migration",
+            "poll",
+            "server",
+            "server::wire",
+        ],
     ),
     // The command line (clap types) and the validated `Config` built from it.
     ("args", &[]),
