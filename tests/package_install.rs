@@ -162,6 +162,27 @@ fn build_package(rel: &Release) -> PathBuf {
     let deb = the_file(&out_dir, "deb");
     the_file(&out_dir, "ddeb");
 
+    // Stripped: the debug sections went to the -dbgsym package (.debug_gdb_scripts is loaded
+    // data, rustc's pretty-printer hint, not debug info).
+    let unpacked = out_dir.join("unpacked");
+    must(
+        "dpkg-deb -x",
+        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked),
+    );
+    let sections = must(
+        "readelf -SW",
+        Command::new("readelf")
+            .arg("-SW")
+            .arg(unpacked.join("usr/libexec/ceph-virtiofsd")),
+    );
+    assert!(
+        !sections
+            .split_whitespace()
+            .any(|w| w.starts_with(".debug_") && w != ".debug_gdb_scripts"),
+        "{}: the packaged daemon carries debug sections:\n{sections}",
+        rel.suite
+    );
+
     // Linked against that release's libcephfs2, which Depends names.
     let depends = must(
         "dpkg-deb -f Depends",
@@ -210,6 +231,13 @@ struct Container {
     nspawn: Option<Child>,
     pid1: u32,
     log: PathBuf,
+}
+
+/// The container's init: the child of nspawn that runs systemd (nspawn forks helpers too).
+fn container_init(nspawn: u32) -> Option<u32> {
+    children(nspawn).into_iter().find(|p| {
+        fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "systemd")
+    })
 }
 
 /// The pids whose parent is `ppid`.
@@ -273,12 +301,13 @@ impl Container {
                     fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            if let Some(p) = children(nspawn.id()).first() {
-                break *p;
+            if let Some(p) = container_init(nspawn.id()) {
+                break p;
             }
             assert!(
                 Instant::now() < deadline,
-                "systemd-nspawn started no container in 120 s"
+                "systemd-nspawn started no systemd in 120 s:\n{}",
+                fs::read_to_string(&log).unwrap_or_default()
             );
             std::thread::sleep(Duration::from_millis(100));
         };
@@ -293,6 +322,7 @@ impl Container {
         loop {
             let out = c.exec(&["systemctl", "is-system-running", "--wait"]);
             let state = text(&out.stdout).trim().to_owned();
+            let error = text(&out.stderr);
             if state == "running" || state == "degraded" {
                 if state == "degraded" {
                     let failed = c.exec(&["systemctl", "--failed", "--no-legend", "--plain"]);
@@ -302,7 +332,9 @@ impl Container {
             }
             assert!(
                 Instant::now() < deadline,
-                "{name}: systemd did not finish booting in 300 s (state '{state}'):\n{}",
+                "{name}: systemd did not finish booting in 300 s (state '{state}', \
+                 error '{}'):\n{}",
+                error.trim(),
                 c.console()
             );
             std::thread::sleep(Duration::from_millis(500));
@@ -663,6 +695,10 @@ fn install_and_serve(rel: &Release) {
             "{unit}: '{bad}' in its journal:\n{journal}"
         );
     }
+
+    // Passed: the container's upper layer (about 25 MB) is not worth keeping.
+    drop(c);
+    let _ = fs::remove_dir_all(&work);
 }
 
 #[test]
