@@ -25,6 +25,9 @@
 //!    daemon logs its clean stop and exits with status 0 (systemd: "Deactivated successfully",
 //!    no "Main process exited" nor "Failed with result").
 //!
+//! `CEPH_VIRTIOFSD_DEB_BOOKWORM` / `CEPH_VIRTIOFSD_DEB_TRIXIE` name a package built elsewhere (a
+//! release build, `cargo deb`; its .ddeb beside it) to test instead of building one.
+//!
 //! Needs root, systemd-nspawn (package systemd-container), overlayfs, cargo-deb and the lab of
 //! tests/run (cluster, guest kernel). The root filesystems are made on first use (minutes,
 //! network); the trixie daemon's first build in its root filesystem takes minutes too, later
@@ -116,6 +119,14 @@ fn the_file(dir: &Path, ext: &str) -> PathBuf {
 
 /// Build the package of `rel` into a fresh directory; the .deb's path.
 fn build_package(rel: &Release) -> PathBuf {
+    // A package built elsewhere (a release build: see packaging/README.md) is tested as is.
+    let var = format!("CEPH_VIRTIOFSD_DEB_{}", rel.suite.to_uppercase());
+    if let Some(deb) = std::env::var_os(&var) {
+        let deb = PathBuf::from(deb);
+        assert!(deb.is_file(), "{var}={}: no such file", deb.display());
+        check_package(rel, &deb);
+        return deb;
+    }
     // Laid out as a release build (cargo deb --no-build packages target/release/ceph-virtiofsd).
     let (out_dir, cmd) = if rel.suite == "bookworm" {
         let host = fs::read_to_string("/etc/os-release").unwrap_or_default();
@@ -160,14 +171,23 @@ fn build_package(rel: &Release) -> PathBuf {
         &mut cmd,
     );
     let deb = the_file(&out_dir, "deb");
-    the_file(&out_dir, "ddeb");
+    check_package(rel, &deb);
+    deb
+}
+
+/// The package of `rel`: stripped, with its -dbgsym beside it, depending on that release's
+/// libcephfs2 and on adduser.
+fn check_package(rel: &Release, deb: &Path) {
+    the_file(deb.parent().unwrap(), "ddeb");
 
     // Stripped: the debug sections went to the -dbgsym package (.debug_gdb_scripts is loaded
     // data, rustc's pretty-printer hint, not debug info).
-    let unpacked = out_dir.join("unpacked");
+    let unpacked =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("unpacked-{}", rel.suite));
+    let _ = fs::remove_dir_all(&unpacked);
     must(
         "dpkg-deb -x",
-        Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&unpacked),
+        Command::new("dpkg-deb").arg("-x").arg(deb).arg(&unpacked),
     );
     let sections = must(
         "readelf -SW",
@@ -186,7 +206,7 @@ fn build_package(rel: &Release) -> PathBuf {
     // Linked against that release's libcephfs2, which Depends names.
     let depends = must(
         "dpkg-deb -f Depends",
-        Command::new("dpkg-deb").arg("-f").arg(&deb).arg("Depends"),
+        Command::new("dpkg-deb").arg("-f").arg(deb).arg("Depends"),
     );
     println!(
         "{} package: {}\n  Depends: {}",
@@ -222,7 +242,6 @@ fn build_package(rel: &Release) -> PathBuf {
         depends.split(',').any(|d| d.trim().starts_with("adduser")),
         "the postinst may run adduser: Depends must name it: {depends}"
     );
-    deb
 }
 
 /// A booted root filesystem: systemd-nspawn on an overlay of `lower`, in a private mount
