@@ -583,6 +583,14 @@ fn install_and_serve(rel: &Release) {
             socket.display(),
             c.journal(&unit)
         );
+        // Restart=on-failure hides an exit from is-active: count the restarts.
+        let restarts = c.exec(&["systemctl", "show", "-p", "NRestarts", "--value", &unit]);
+        assert_eq!(
+            text(&restarts.stdout).trim(),
+            "0",
+            "{unit} exited and was restarted before listening:\n{}",
+            c.journal(&unit)
+        );
         assert!(
             Instant::now() < deadline,
             "{unit} did not listen on {} in 120 s:\n{}",
