@@ -128,7 +128,7 @@ fn build_package(rel: &Release) -> PathBuf {
         return deb;
     }
     // Laid out as a release build (cargo deb --no-build packages target/release/ceph-virtiofsd).
-    let (out_dir, cmd) = if rel.suite == "bookworm" {
+    let (out_dir, mut cmd) = if rel.suite == "bookworm" {
         let host = fs::read_to_string("/etc/os-release").unwrap_or_default();
         assert!(
             host.lines().any(|l| l == "VERSION_CODENAME=bookworm"),
@@ -162,7 +162,6 @@ fn build_package(rel: &Release) -> PathBuf {
         cmd.args(["--run", rel.number, script]);
         (dir.join("out"), cmd)
     };
-    let mut cmd = cmd;
     must(
         &format!(
             "building the {} package (cargo-deb: `cargo install cargo-deb --locked`)",
