@@ -154,6 +154,8 @@ fn systemd_unit_verifies_and_is_hardened() {
         ("RuntimeDirectory", "ceph-virtiofsd"),
         ("CapabilityBoundingSet", ""),
         ("SystemCallArchitectures", "native"),
+        // The daemon installs its own seccomp filter: seccomp(2) must pass systemd's.
+        ("SystemCallFilter", "@system-service seccomp"),
         ("RestrictAddressFamilies", "AF_UNIX AF_INET AF_INET6"),
         ("EnvironmentFile", "-/etc/ceph-virtiofsd/%i.env"),
     ] {
