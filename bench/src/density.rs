@@ -391,7 +391,7 @@ fn walk(b: &mut dyn Backend, path: &str, size: u32) -> Result<String, String> {
 }
 
 fn stream(b: &mut dyn Backend, mib: u64, name: &str) -> Result<String, String> {
-    let io = b.max_io().min(1 << 20).max(4096);
+    let io = b.max_io().clamp(4096, 1 << 20);
     let count = usize::try_from((mib << 20) / u64::from(io)).unwrap_or(usize::MAX);
     let user = Ctx::ROOT;
     let root = b.root();
