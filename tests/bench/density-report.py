@@ -26,11 +26,18 @@ walkers = int(meta["walkers"])
 repeats = int(meta["walk_repeats"])
 
 # data[variant][phase][guest] = row
+# ceph-fuse is sampled right after each walking guest's phase: that sample is keyed
+# "fuseK" for guest K (the CSV has it on the line after the guest's); at rest it is "fuse".
 data = defaultdict(lambda: defaultdict(dict))
+prev = None
 for r in rows:
     for k in ("vmrss_kib", "rss_anon_kib", "rss_shmem_kib", "threads", "mds_sessions", "caps"):
         r[k] = int(r[k])
-    data[r["variant"]][r["phase"]][r["guest"]] = r
+    guest = r["guest"]
+    if guest == "fuse" and r["phase"] != "rest" and prev is not None:
+        guest = f"fuse{prev}"
+    prev = r["guest"]
+    data[r["variant"]][r["phase"]][guest] = r
 
 
 def mib(kib):
@@ -80,7 +87,7 @@ def walker(variant, phase, k):
         return None
     if variant == "ours":
         return mib(r["vmrss_kib"]), mib(r["rss_anon_kib"]), r["caps"], r["threads"]
-    f = data[variant][phase].get("fuse")
+    f = data[variant][phase].get(f"fuse{k}")
     f0 = data[variant]["rest"].get("fuse")
     if f is None or f0 is None:
         return mib(r["vmrss_kib"]), mib(r["rss_anon_kib"]), 0, r["threads"]
