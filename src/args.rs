@@ -296,6 +296,19 @@ pub struct Args {
     #[arg(long, value_name = "SECS")]
     pub mount_timeout: Option<u64>,
 
+    /// libcephfs's object cache (file data it caches and buffers for writing), in MiB:
+    /// libcephfs's client_oc_size, and half of it its client_oc_max_dirty. The guest's page
+    /// cache is in front of it. 0 turns it off (client_oc=false: every read and write goes to
+    /// the OSDs). Default: 32 (libcephfs's own default, 200, costs each daemon that much RSS
+    /// after a large file went through it).
+    #[arg(long, value_name = "MIB")]
+    pub object_cache_mib: Option<u64>,
+
+    /// Inodes libcephfs keeps cached beyond those the guest holds (client_cache_size), about
+    /// 2 KiB each. Inodes the guest holds are bounded by --max-nodes instead. Default: 16384.
+    #[arg(long, value_name = "N")]
+    pub inode_cache: Option<u64>,
+
     // ---- subvolume quarantine (see `ceph-virtiofsd quarantine --help`) ----
     /// Enforce subvolume quarantine: on (the default) or off.
     #[arg(long, value_enum, value_name = "on|off")]

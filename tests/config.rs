@@ -45,7 +45,14 @@ fn example_config_parses() {
     assert_eq!(c.ceph.access.mount_timeout.as_secs(), 30);
     assert_eq!(
         c.ceph.access.options,
-        vec![("client_cache_size".to_owned(), "16384".to_owned())]
+        [
+            ("client_cache_size", "16384"),
+            ("client_oc_size", "33554432"),
+            ("client_oc_max_dirty", "16777216"),
+            ("client_oc_target_dirty", "8388608"),
+            ("client_readahead_max_bytes", "8388608"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
     );
     assert!(c.warnings.is_empty());
 }
@@ -76,9 +83,19 @@ fn command_line_overrides_example_config() {
     assert!(!c.xattr);
     assert_eq!(c.thread_pool_size, 0);
     assert_eq!(c.ceph.root, "/other");
+    // --ceph-opt wins over --inode-cache's default and comes last.
     assert_eq!(
-        c.ceph.access.options,
-        vec![("client_cache_size".to_owned(), "1".to_owned())]
+        c.ceph.access.options.last(),
+        Some(&("client_cache_size".to_owned(), "1".to_owned()))
+    );
+    assert_eq!(
+        c.ceph
+            .access
+            .options
+            .iter()
+            .filter(|(k, _)| k == "client_cache_size")
+            .count(),
+        1
     );
     assert_eq!(c.log.level, LogLevel::Debug);
     assert!(c.keep_serving);

@@ -99,6 +99,8 @@ pub struct DirEntry {
     pub name: String,
     pub node: u64,
     pub offset: u64,
+    /// `DT_*` type of the entry (`DT_DIR` = 4), 0 when unknown.
+    pub kind: u32,
 }
 
 /// Successful result of an operation.

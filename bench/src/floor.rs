@@ -304,6 +304,7 @@ impl FloorBackend {
         let mut out = Vec::with_capacity(got.len());
         for e in got {
             let name = String::from_utf8_lossy(&e.name).into_owned();
+            let kind = u32::from(e.d_type);
             let node = match e.inode {
                 Some(i) if name != "." && name != ".." => self.add_node(i),
                 _ => 0,
@@ -312,6 +313,7 @@ impl FloorBackend {
                 name,
                 node,
                 offset: u64::try_from(e.offset).unwrap_or(0),
+                kind,
             });
         }
         Ok(Reply::Dir(out))

@@ -637,6 +637,7 @@ pub fn parse_direntplus(op: &'static str, mut b: &[u8]) -> Result<Vec<DirEntry>,
             name,
             node: e.nodeid,
             offset: d.off,
+            kind: d.type_,
         });
         b = b.get(rec..).unwrap_or(&[]);
     }
@@ -843,7 +844,8 @@ mod tests {
             DirEntry {
                 name: "abcdefghi".into(),
                 node: 11,
-                offset: 2
+                offset: 2,
+                kind: 8
             }
         );
     }

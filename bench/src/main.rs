@@ -7,6 +7,7 @@
 mod args;
 mod asok;
 mod backend;
+mod density;
 mod floor;
 mod fuse;
 mod hostile;
@@ -391,6 +392,10 @@ fn main() -> ExitCode {
         .is_some_and(|a| a == "upgrade-stream")
     {
         return upgrade::main(std::env::args_os().skip(1));
+    }
+    // `ceph-virtiofsd-bench density ...`: idle guests a script measures (tests/bench/density).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "density") {
+        return density::main(std::env::args_os().skip(1));
     }
     let cfg = match Config::try_from(Args::parse()) {
         Ok(c) => c,

@@ -105,6 +105,10 @@ pub struct FileCeph {
     pub mount_timeout: Option<u64>,
     /// The device's stable session identity (`--instance-id`).
     pub instance_id: Option<String>,
+    /// `--object-cache-mib`.
+    pub object_cache_mib: Option<u64>,
+    /// `--inode-cache`.
+    pub inode_cache: Option<u64>,
     /// Extra libcephfs options.
     #[serde(default)]
     pub options: BTreeMap<String, String>,

@@ -35,6 +35,13 @@ pub const DEFAULT_POLL_US: u64 = 50;
 pub const MAX_POLL_US: u64 = 1000;
 /// Default connect/mount timeout.
 pub const DEFAULT_MOUNT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `--object-cache-mib`: libcephfs's object cache per daemon. 100 guests take at most
+/// 3.2 GiB for it; libcephfs's own default (200 MiB) would take 20 GiB.
+pub const DEFAULT_OBJECT_CACHE_MIB: u64 = 32;
+/// Largest `--object-cache-mib` (more makes no sense behind a guest's own page cache).
+pub const MAX_OBJECT_CACHE_MIB: u64 = 16 * 1024;
+/// Default `--inode-cache`: libcephfs's own `client_cache_size`, made explicit.
+pub const DEFAULT_INODE_CACHE: u64 = 16_384;
 /// Default bound past which a FUSE request is reported as slow (`--slow-request-secs`).
 pub const DEFAULT_SLOW_REQUEST: Duration = Duration::from_secs(30);
 
@@ -158,6 +165,8 @@ pub enum ConfigError {
     BadCephOpt(String),
     #[error("Mount timeout must be at least 1 second")]
     BadMountTimeout,
+    #[error("{0} must be {1}")]
+    BadMemoryOption(&'static str, &'static str),
     #[error("Instance id {0:?} must be 1 to 64 letters, digits or . _ - : @ (e.g. the VM's name)")]
     BadInstanceId(String),
     #[error("Legacy option -o {0}: {1}")]
@@ -290,6 +299,41 @@ fn check_instance_id(id: String) -> Result<String, ConfigError> {
     } else {
         Err(ConfigError::BadInstanceId(id))
     }
+}
+
+/// The libcephfs options that bound a daemon's memory (`--object-cache-mib`, `--inode-cache`).
+fn memory_options(
+    object_cache_mib: u64,
+    inode_cache: u64,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    if object_cache_mib > MAX_OBJECT_CACHE_MIB {
+        return Err(ConfigError::BadMemoryOption(
+            "--object-cache-mib",
+            "between 0 (off) and 16384",
+        ));
+    }
+    if inode_cache == 0 || inode_cache > 1 << 30 {
+        return Err(ConfigError::BadMemoryOption(
+            "--inode-cache",
+            "between 1 and 1073741824",
+        ));
+    }
+    let mut o = vec![("client_cache_size".to_owned(), inode_cache.to_string())];
+    if object_cache_mib == 0 {
+        o.push(("client_oc".to_owned(), "false".to_owned()));
+        return Ok(o);
+    }
+    let size = object_cache_mib << 20;
+    let max_dirty = size / 2;
+    // libcephfs flushes from target_dirty (default 8 MiB) on; it must not exceed max_dirty.
+    let target_dirty = (8u64 << 20).min(max_dirty / 2);
+    o.push(("client_oc_size".to_owned(), size.to_string()));
+    o.push(("client_oc_max_dirty".to_owned(), max_dirty.to_string()));
+    o.push((
+        "client_oc_target_dirty".to_owned(),
+        target_dirty.to_string(),
+    ));
+    Ok(o)
 }
 
 /// The `admin_socket` Ceph option among `options`, however its key is spelt.
@@ -520,6 +564,20 @@ impl Config {
             options.retain(|(k, _)| *k != key);
             options.push((key, value));
         }
+
+        let memory = memory_options(
+            args.object_cache_mib
+                .or(file.ceph.object_cache_mib)
+                .unwrap_or(DEFAULT_OBJECT_CACHE_MIB),
+            args.inode_cache
+                .or(file.ceph.inode_cache)
+                .unwrap_or(DEFAULT_INODE_CACHE),
+        )?;
+        // Before the explicit options: a [ceph.options] or --ceph-opt of the same key wins.
+        let explicit = std::mem::take(&mut options);
+        options = memory;
+        options.retain(|(k, _)| !explicit.iter().any(|(e, _)| e == k));
+        options.extend(explicit);
 
         let secs = args
             .mount_timeout
@@ -869,6 +927,79 @@ mod tests {
     }
 
     #[test]
+    fn memory_options_defaults_overrides_and_bounds() {
+        let opt = |c: &Config, key: &str| {
+            c.ceph
+                .access
+                .options
+                .iter()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| v.clone())
+        };
+        let c = parse(&["--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(opt(&c, "client_oc_size").as_deref(), Some("33554432"));
+        assert_eq!(opt(&c, "client_oc_max_dirty").as_deref(), Some("16777216"));
+        assert_eq!(
+            opt(&c, "client_oc_target_dirty").as_deref(),
+            Some("8388608")
+        );
+        assert_eq!(opt(&c, "client_cache_size").as_deref(), Some("16384"));
+        assert_eq!(opt(&c, "client_oc"), None);
+
+        let c = parse(&["--fd=3", "--object-cache-mib", "8", "--inode-cache", "4096"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(opt(&c, "client_oc_size").as_deref(), Some("8388608"));
+        assert_eq!(opt(&c, "client_oc_max_dirty").as_deref(), Some("4194304"));
+        // target_dirty stays below max_dirty, as libcephfs needs.
+        assert_eq!(
+            opt(&c, "client_oc_target_dirty").as_deref(),
+            Some("2097152")
+        );
+        assert_eq!(opt(&c, "client_cache_size").as_deref(), Some("4096"));
+
+        let c = parse(&["--fd=3", "--object-cache-mib=0"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(opt(&c, "client_oc").as_deref(), Some("false"));
+        assert_eq!(opt(&c, "client_oc_size"), None);
+
+        // --ceph-opt of the same key wins, and the key appears once.
+        let c = parse(&["--fd=3", "--ceph-opt", "client_oc_size=1000000"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let n = c
+            .ceph
+            .access
+            .options
+            .iter()
+            .filter(|(k, _)| k == "client_oc_size")
+            .count();
+        assert_eq!(
+            (opt(&c, "client_oc_size").as_deref(), n),
+            (Some("1000000"), 1)
+        );
+
+        let file: FileConfig = toml::from_str("[ceph]\nobject-cache-mib = 64\ninode-cache = 100\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd=3", "--inode-cache", "200"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(opt(&c, "client_oc_size").as_deref(), Some("67108864"));
+        assert_eq!(opt(&c, "client_cache_size").as_deref(), Some("200"));
+
+        for bad in [
+            ["--object-cache-mib", "16385"],
+            ["--inode-cache", "0"],
+            ["--inode-cache", "1073741825"],
+        ] {
+            assert!(
+                matches!(
+                    parse(&["--fd=3", bad[0], bad[1]]),
+                    Err(ConfigError::BadMemoryOption(..))
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
     fn cli_overrides_file() {
         let file: FileConfig = toml::from_str(
             r#"
@@ -909,9 +1040,16 @@ mod tests {
         assert_eq!(c.poll_us, 20);
         assert_eq!(c.ceph.root, "/from-file");
         assert_eq!(c.ceph.access.client_id.as_deref(), Some("file"));
+        // The memory defaults first, less the keys the file or the command line set.
         assert_eq!(
             c.ceph.access.options,
             vec![
+                ("client_oc_size".to_owned(), (32u64 << 20).to_string()),
+                ("client_oc_max_dirty".to_owned(), (16u64 << 20).to_string()),
+                (
+                    "client_oc_target_dirty".to_owned(),
+                    (8u64 << 20).to_string()
+                ),
                 ("client_cache_size".to_owned(), "100".to_owned()),
                 ("client_oc".to_owned(), "true".to_owned())
             ]
