@@ -96,38 +96,42 @@ enum Event {
     HandedOver,
 }
 
+/// What [`serve`] needs of the filesystem: fuse-backend-rs's interface, the server's extra
+/// operations, statistics for the metrics, and its session state for migration and handover.
+pub trait Served:
+    FileSystem<Inode = u64, Handle = u64> + ExtraOps + FsStats + DeviceState + Send + Sync + 'static
+{
+}
+
+impl<F> Served for F where
+    F: FileSystem<Inode = u64, Handle = u64>
+        + ExtraOps
+        + FsStats
+        + DeviceState
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// Serve `fs` to one frontend (or, with `keep_serving`, to successive frontends).
 ///
 /// Returns `Ok(())` when the frontend disconnected or SIGTERM/SIGINT arrived. On return no FUSE
 /// request is running and none will be dispatched; other clones of `fs` may still exist (held by
 /// idle vhost-user threads), so tear the filesystem down through `&self`, then exit.
 /// With `Listen::Fd`, this takes ownership of that descriptor: call it at most once per process.
-pub fn serve<F>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError>
-where
-    F: FileSystem<Inode = u64, Handle = u64>
-        + ExtraOps
-        + FsStats
-        + DeviceState
-        + Send
-        + Sync
-        + 'static,
-{
+pub fn serve<F: Served>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError> {
     serve_session(config, fs, false)
 }
 
 /// [`serve`], for a daemon that may have taken its guest's session over from a predecessor
 /// (`took_over`, `--handover`): that predecessor still holds the socket's pid lock until it
 /// exits, which it does at once, so the lock is waited for.
-pub fn serve_session<F>(config: &Config, fs: Arc<F>, took_over: bool) -> Result<(), DaemonError>
-where
-    F: FileSystem<Inode = u64, Handle = u64>
-        + ExtraOps
-        + FsStats
-        + DeviceState
-        + Send
-        + Sync
-        + 'static,
-{
+pub fn serve_session<F: Served>(
+    config: &Config,
+    fs: Arc<F>,
+    took_over: bool,
+) -> Result<(), DaemonError> {
     let stats: Arc<dyn FsStats> = fs.clone();
     let recovering = fs.clone();
     let state: Arc<dyn DeviceState> = fs.clone();

@@ -465,14 +465,19 @@ impl FuseSession {
         Ok(())
     }
 
-    fn fuse_init(&mut self) -> Result<InitInfo, OpError> {
-        let q = self.queues.first_mut().ok_or_else(|| {
+    /// The first request queue (the one a Linux 6.1 guest uses).
+    fn first_queue(&mut self) -> Result<&mut ReqQueue, OpError> {
+        self.queues.first_mut().ok_or_else(|| {
             transport(QueueError::Timeout {
                 queue: 1,
                 secs: 0,
                 inflight: 0,
             })
-        })?;
+        })
+    }
+
+    fn fuse_init(&mut self) -> Result<InitInfo, OpError> {
+        let q = self.first_queue()?;
         let unique = q.next_unique();
         let bytes = fuse::encode_init(unique, fuse::guest_init_flags(), 128 * 1024);
         let s =
@@ -625,24 +630,12 @@ fn run_stream(
 
 impl Backend for FuseSession {
     fn call(&mut self, ctx: Ctx, op: Op) -> Result<Reply, OpError> {
-        let q = self.queues.first_mut().ok_or_else(|| {
-            transport(QueueError::Timeout {
-                queue: 1,
-                secs: 0,
-                inflight: 0,
-            })
-        })?;
+        let q = self.first_queue()?;
         q.submit(0, ctx, &op)?;
         q.vq.flush().map_err(transport)?;
         let mut done = Vec::new();
         loop {
-            let q = self.queues.first_mut().ok_or_else(|| {
-                transport(QueueError::Timeout {
-                    queue: 1,
-                    secs: 0,
-                    inflight: 0,
-                })
-            })?;
+            let q = self.first_queue()?;
             match q.vq.wait(&mut done) {
                 Ok(()) => break,
                 Err(QueueError::HungUp(_)) if self.reconnect.is_some() => {
@@ -652,13 +645,7 @@ impl Backend for FuseSession {
                 Err(e) => return Err(transport(e)),
             }
         }
-        let q = self.queues.first_mut().ok_or_else(|| {
-            transport(QueueError::Timeout {
-                queue: 1,
-                secs: 0,
-                inflight: 0,
-            })
-        })?;
+        let q = self.first_queue()?;
         let c = done.first().ok_or_else(|| {
             transport(QueueError::Timeout {
                 queue: 1,
