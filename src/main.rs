@@ -247,33 +247,7 @@ fn log_reclaim(config: &Config, mount: &ceph_client::Mount) {
     }
 }
 
-/// glibc's mmap threshold for the daemon: allocations from this size up get their own mapping,
-/// given back to the kernel when freed.
-///
-/// glibc's default threshold is dynamic: the first time a large block (a 1 MiB READ or WRITE
-/// buffer, a libcephfs message) is freed, it raises the threshold above that size (up to 32
-/// MiB, and the trim threshold to twice that), so every later such block comes from a malloc
-/// arena and stays there when freed. Measured on one daemon streaming 1 GiB through a file
-/// (32 MiB object cache): RSS grew by 233 MiB with the dynamic threshold and kept it after the
-/// file was closed, by 36 MiB with this one and gave it back. A fixed threshold also keeps the
-/// trim threshold at its 128 KiB default. `MALLOC_MMAP_THRESHOLD_` in the environment (glibc's
-/// own tunable) wins.
-const MMAP_THRESHOLD: libc::c_int = 128 * 1024;
-
-/// Fix glibc's mmap threshold (see [`MMAP_THRESHOLD`]) before any thread exists.
-fn malloc_settings() {
-    if std::env::var_os("MALLOC_MMAP_THRESHOLD_").is_some() {
-        return;
-    }
-    // SAFETY: mallopt only changes malloc's parameters; no allocation is in progress on
-    // another thread (none exists yet).
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD);
-    }
-}
-
 fn main() -> ExitCode {
-    malloc_settings();
     // `ceph-virtiofsd quarantine ...` is the operator command; everything else is the daemon's
     // flat, virtiofsd-compatible command line.
     if std::env::args_os()
