@@ -25,9 +25,13 @@ use common::{c, ctx, errno, Lab, Sink};
 const DEST_ID: &str = "migdst";
 
 /// A keyring for `client.migdst` (created once per cluster; `get-or-create` is idempotent).
+/// Each call writes its own file: tests run in parallel, and `Lab::scratch` empties the
+/// directory it is given, so a shared one lost another test's keyring before it was read.
 fn dest_keyring(lab: &Lab) -> std::path::PathBuf {
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let path = lab
-        .scratch(&format!("migdst-{}", std::process::id()))
+        .scratch(&format!("migdst-{}-{n}", std::process::id()))
         .join("keyring");
     let st = std::process::Command::new("ceph")
         .arg("-c")
