@@ -403,9 +403,20 @@ mod tests {
         d
     }
 
-    fn serve(path: &Path, old: Arc<Fake>, q: Arc<Queues>) -> std::thread::JoinHandle<()> {
+    /// A predecessor with session `old` listening at `path`, and its queues.
+    fn predecessor(path: &Path, old: Fake) -> (std::thread::JoinHandle<()>, Arc<Queues>) {
         let l = HandoverListener::bind(path).unwrap();
-        std::thread::spawn(move || l.run(&*old, &*q))
+        let q = Arc::new(Queues::default());
+        let queues = q.clone();
+        (std::thread::spawn(move || l.run(&old, &*queues)), q)
+    }
+
+    /// Until the predecessor resumed its queues once (bounded: a precondition).
+    fn wait_resumed(q: &Queues) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while q.resumes.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     #[test]
@@ -430,12 +441,13 @@ mod tests {
     fn the_session_moves_and_the_predecessor_stays_paused() {
         let d = dir("moves");
         let path = d.join("h");
-        let old = Arc::new(Fake {
-            saved: b"the session".to_vec(),
-            ..Fake::default()
-        });
-        let q = Arc::new(Queues::default());
-        let t = serve(&path, old, q.clone());
+        let (t, q) = predecessor(
+            &path,
+            Fake {
+                saved: b"the session".to_vec(),
+                ..Fake::default()
+            },
+        );
         let new = Fake::default();
         assert!(matches!(
             take_over(&path, &new).unwrap(),
@@ -448,10 +460,10 @@ mod tests {
         );
         assert!(q.paused.load(Ordering::SeqCst));
         assert_eq!(q.resumes.load(Ordering::SeqCst), 0);
-        assert!(!path.exists(), "the predecessor removes its socket");
         assert_eq!(
-            std::fs::metadata(d.join("h")).err().map(|e| e.kind()),
-            Some(io::ErrorKind::NotFound)
+            std::fs::metadata(&path).err().map(|e| e.kind()),
+            Some(io::ErrorKind::NotFound),
+            "the predecessor removes its socket"
         );
     }
 
@@ -459,12 +471,13 @@ mod tests {
     fn a_successor_that_cannot_load_leaves_the_predecessor_serving() {
         let d = dir("noload");
         let path = d.join("h");
-        let old = Arc::new(Fake {
-            saved: b"s".to_vec(),
-            ..Fake::default()
-        });
-        let q = Arc::new(Queues::default());
-        let _t = serve(&path, old, q.clone());
+        let (_t, q) = predecessor(
+            &path,
+            Fake {
+                saved: b"s".to_vec(),
+                ..Fake::default()
+            },
+        );
         let bad = Fake {
             refuse_load: true,
             ..Fake::default()
@@ -474,10 +487,7 @@ mod tests {
             Err(TakeOverError::Load(MigrationError::IdMapping))
         ));
         // The predecessor resumed and still listens: a good successor takes it next.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while q.resumes.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_resumed(&q);
         assert_eq!(q.resumes.load(Ordering::SeqCst), 1);
         assert!(!q.paused.load(Ordering::SeqCst));
         let good = Fake::default();
@@ -491,12 +501,13 @@ mod tests {
     fn a_refused_save_is_reported_to_the_successor() {
         let d = dir("refused");
         let path = d.join("h");
-        let old = Arc::new(Fake {
-            refuse_save: true,
-            ..Fake::default()
-        });
-        let q = Arc::new(Queues::default());
-        let _t = serve(&path, old, q.clone());
+        let (_t, q) = predecessor(
+            &path,
+            Fake {
+                refuse_save: true,
+                ..Fake::default()
+            },
+        );
         let new = Fake::default();
         match take_over(&path, &new) {
             Err(TakeOverError::Refused(why)) => assert!(why.contains("lock"), "{why}"),
@@ -510,12 +521,13 @@ mod tests {
     fn hostile_garbage_on_the_socket_changes_nothing() {
         let d = dir("garbage");
         let path = d.join("h");
-        let old = Arc::new(Fake {
-            saved: b"s".to_vec(),
-            ..Fake::default()
-        });
-        let q = Arc::new(Queues::default());
-        let _t = serve(&path, old, q.clone());
+        let (_t, q) = predecessor(
+            &path,
+            Fake {
+                saved: b"s".to_vec(),
+                ..Fake::default()
+            },
+        );
         for junk in [
             &b""[..],
             b"CVFSTAKE",
@@ -538,10 +550,7 @@ mod tests {
         let mut head = [0u8; 17];
         s.read_exact(&mut head).unwrap();
         drop(s);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while q.resumes.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        wait_resumed(&q);
         assert!(
             !q.paused.load(Ordering::SeqCst),
             "resumed after the successor vanished"
