@@ -264,28 +264,35 @@ fn recovery_loop<F>(fs: &F, backend: &VhostUserFsBackend<F>)
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
 {
-    let mut backoff = std::time::Duration::from_secs(1);
+    const FIRST_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+    let mut backoff = FIRST_RETRY;
     while fs.wait_for_lost_session() {
         warn!(
             "The CephFS session is gone (the MDS evicted this client; libcephfs answers ESHUTDOWN): pausing the guest's requests to mount a new session"
         );
-        if backend.close_and_drain(DRAIN_LIMIT) {
-            match fs.recover_session() {
-                Ok(line) => {
-                    warn!("CephFS session recovered after the eviction: {line}");
-                    backoff = std::time::Duration::from_secs(1);
-                    backend.reopen();
-                    continue;
-                }
-                Err(e) => error!(error = %e, retry_s = backoff.as_secs(),
-                    "Cannot mount a new CephFS session after the eviction; the guest's requests fail with ESHUTDOWN until it works"),
+        let drained = backend.close_and_drain(DRAIN_LIMIT);
+        let recovered = match drained.then(|| fs.recover_session()) {
+            Some(Ok(line)) => {
+                warn!("CephFS session recovered after the eviction: {line}");
+                true
             }
-        } else {
-            warn!("Requests are still running in the lost session; trying again");
-        }
+            Some(Err(e)) => {
+                error!(error = %e, retry_s = backoff.as_secs(),
+                    "Cannot mount a new CephFS session after the eviction; the guest's requests fail with ESHUTDOWN until it works");
+                false
+            }
+            None => {
+                warn!("Requests are still running in the lost session; trying again");
+                false
+            }
+        };
         backend.reopen();
-        std::thread::sleep(backoff);
-        backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+        if recovered {
+            backoff = FIRST_RETRY;
+        } else {
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+        }
     }
 }
 

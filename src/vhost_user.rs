@@ -169,9 +169,12 @@ struct Inner<F: FileSystem + Send + Sync> {
     server: Arc<FuseServer<F>>,
     mem: RwLock<Option<GuestMem>>,
     event_idx: AtomicBool,
+    /// No request is taken off the queues: the daemon stops, or someone paused them. Derived
+    /// from `gate` under its lock; read alone on the hot path.
     closed: AtomicBool,
-    /// Closed for good (the daemon stops): `reopen` does nothing any more.
-    stopped: AtomicBool,
+    /// Who keeps the queues closed: pauses not yet reopened (a handover, a session recovery:
+    /// each reopens only its own) and the final stop, which nothing reopens.
+    gate: Mutex<Gate>,
     in_flight: Arc<InFlight>,
     pool: Option<WorkerPool>,
     /// Threads for requests that may wait for another request (SETLKW) when there is no
@@ -193,6 +196,13 @@ struct Inner<F: FileSystem + Send + Sync> {
     /// Each queue's vring as its first kick of this connection brought it: what `resume`
     /// drains after a pause (requests that came meanwhile may have had their kick already).
     vrings: Vec<Mutex<Option<Vring>>>,
+}
+
+/// See [`Inner::gate`].
+#[derive(Debug, Default)]
+struct Gate {
+    pauses: usize,
+    stopped: bool,
 }
 
 /// Polling state of one queue (only its own thread takes the lock).
@@ -305,7 +315,7 @@ where
                 mem: RwLock::new(None),
                 event_idx: AtomicBool::new(false),
                 closed: AtomicBool::new(false),
-                stopped: AtomicBool::new(false),
+                gate: Mutex::new(Gate::default()),
                 in_flight: Arc::new(InFlight::default()),
                 pool,
                 waits_pool,
@@ -434,26 +444,42 @@ where
     /// has been answered. True: no FUSE call is running and none will start. False: some call
     /// is still blocked (a SETLKW waiting for another client's lock, a libcephfs call waiting
     /// for an MDS that does not answer), and the filesystem must not be torn down under it.
+    /// A pause: every `close_and_drain` is undone by one [`reopen`](Self::reopen), and the
+    /// queues take requests again once every pause is undone.
     pub fn close_and_drain(&self, limit: Duration) -> bool {
-        self.inner.closed.store(true, Ordering::Release);
+        self.update_gate(|g| g.pauses += 1);
         self.inner.in_flight.wait_idle(limit)
     }
 
     /// [`close_and_drain`](Self::close_and_drain) for good: a later `reopen` (a session
     /// recovery or a handover that ends after the stop began) does not take requests again.
     pub fn stop_and_drain(&self, limit: Duration) -> bool {
-        self.inner.stopped.store(true, Ordering::Release);
-        self.close_and_drain(limit)
+        self.update_gate(|g| g.stopped = true);
+        self.inner.in_flight.wait_idle(limit)
     }
 
-    /// Take requests again after `close_and_drain` (a handover the successor did not take):
-    /// every queue is drained now, since the guest may have kicked while we were closed and
-    /// will not kick again for the requests it is waiting on.
+    /// Change who keeps the queues closed, and `closed` with it, under the gate's lock: a
+    /// reopen racing the final stop (or another pause) cannot open the queues under it.
+    /// Whether the queues are open now.
+    fn update_gate(&self, change: impl FnOnce(&mut Gate)) -> bool {
+        let mut g = self
+            .inner
+            .gate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        change(&mut g);
+        let closed = g.stopped || g.pauses > 0;
+        self.inner.closed.store(closed, Ordering::Release);
+        !closed
+    }
+
+    /// Undo one `close_and_drain` (a handover the successor did not take, a session recovered):
+    /// once the queues are open again every queue is drained now, since the guest may have
+    /// kicked while they were closed and will not kick again for the requests it waits on.
     pub fn reopen(&self) {
-        if self.inner.stopped.load(Ordering::Acquire) {
+        if !self.update_gate(|g| g.pauses = g.pauses.saturating_sub(1)) {
             return;
         }
-        self.inner.closed.store(false, Ordering::Release);
         for (queue, slot) in self.inner.vrings.iter().enumerate() {
             let vring = slot.lock().unwrap_or_else(PoisonError::into_inner).clone();
             if let Some(vring) = vring {

@@ -1826,3 +1826,39 @@ fn hostile_long_chains_are_served_unless_they_loop() {
     assert_eq!(driver.used(1).1, 0, "the long looping chain was answered");
     assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, false)]);
 }
+
+/// Pauses nest (a handover and a session recovery may overlap): requests that came while the
+/// queues were closed are served when the last pause is undone, by the reopen itself (the
+/// guest will not kick again), and never once the final stop began.
+#[test]
+fn paused_queues_serve_after_the_last_reopen_and_never_after_the_stop() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, _fs) = backend(0, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let wait = std::time::Duration::from_secs(5);
+    driver.submit(&init_request(1), 256);
+    kick(&backend, &vring, 1);
+    assert_eq!(driver.used_idx(), 1);
+
+    assert!(backend.close_and_drain(wait));
+    assert!(backend.close_and_drain(wait));
+    let getattr = request(FUSE_GETATTR, 2, ROOT_ID, GetattrIn::default());
+    driver.submit(&getattr, 256);
+    kick(&backend, &vring, 1);
+    assert_eq!(driver.used_idx(), 1, "served while paused");
+    backend.reopen();
+    assert_eq!(driver.used_idx(), 1, "served with one pause left");
+    backend.reopen();
+    assert_eq!(driver.used_idx(), 2, "the last reopen serves what waited");
+
+    assert!(backend.stop_and_drain(wait));
+    let getattr = request(FUSE_GETATTR, 3, ROOT_ID, GetattrIn::default());
+    driver.submit(&getattr, 256);
+    kick(&backend, &vring, 1);
+    backend.reopen();
+    assert_eq!(driver.used_idx(), 2, "served after the stop");
+}
