@@ -9,7 +9,9 @@
 //! never run on a queue thread), except the last of a
 //! batch; the queue thread serves that one, and the requests libcephfs has lately been
 //! answering from its caches (`cost`), itself. So a burst of waiting requests spreads over the
-//! workers, and a lone request or a cached one pays no hand-off. A worker builds the
+//! workers, and a lone request or a cached one pays no hand-off. Should one served inline turn
+//! out slow (the MDS stalled), the rescuer thread hands the requests queued behind it to the
+//! workers after a few milliseconds (`rescue`). A worker builds the
 //! FUSE `Reader`/`Writer` from the chain, calls the server, then returns the chain
 //! (`add_used`) and notifies the guest when EVENT_IDX says so. After a drain the queue thread
 //! polls the ring before it sleeps, with guest notifications off, for an adaptive window of
@@ -20,7 +22,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -52,12 +54,14 @@ use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 mod bounce;
 mod cost;
 mod pool;
+mod rescue;
 use crate::server::{
     mark_queue_thread, ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW,
     FUSE_SYNCFS,
 };
 use cost::ServeCost;
 use pool::{PoolLimits, WorkerPool};
+use rescue::InlineWatch;
 
 /// Longest mount tag the virtio-fs config space can carry (`struct virtio_fs_config.tag`).
 pub const MAX_TAG_LEN: usize = 36;
@@ -182,6 +186,8 @@ struct Inner<F: FileSystem + Send + Sync> {
     waits_pool: Option<WorkerPool>,
     /// What each opcode has been costing: where the next request of a batch runs.
     cost: Arc<ServeCost>,
+    /// Which queue threads serve a request themselves, and since when (see `rescue`).
+    watch: InlineWatch,
     config_space: Option<[u8; VIRTIO_FS_CONFIG_LEN]>,
     request_queues: u16,
     /// Each queue's polling window and when its thread last went to sleep.
@@ -309,7 +315,7 @@ where
         let waits_pool = pool
             .is_none()
             .then(|| WorkerPool::new(PoolLimits::for_max(WAITS_POOL_MAX)));
-        Ok(VhostUserFsBackend {
+        let backend = VhostUserFsBackend {
             inner: Arc::new(Inner {
                 server: Arc::new(FuseServer::new(fs)),
                 mem: RwLock::new(None),
@@ -320,6 +326,7 @@ where
                 pool,
                 waits_pool,
                 cost: Arc::default(),
+                watch: InlineWatch::new(usize::from(q) + 1),
                 config_space: options.tag.as_deref().map(|t| config_space(t, q)),
                 request_queues: q,
                 polls: (0..=usize::from(q))
@@ -340,7 +347,24 @@ where
                 logging: AtomicBool::new(false),
                 vrings: (0..=usize::from(q)).map(|_| Mutex::new(None)).collect(),
             }),
-        })
+        };
+        // Without a pool there is nobody to hand the requests behind a slow one to: every
+        // request but SETLKW is served inline and in order, as the operator asked.
+        if backend.inner.pool.is_some() {
+            let weak = Arc::downgrade(&backend.inner);
+            match std::thread::Builder::new()
+                .name("fuse-rescue".to_owned())
+                .spawn(move || rescue_loop(&weak))
+            {
+                Ok(t) => backend.inner.watch.set_rescuer(t.thread().clone()),
+                Err(e) => warn!(
+                    error = %e,
+                    "Cannot start the thread that takes requests off a queue whose thread is \
+                     held by a slow request: such a request holds up the requests behind it"
+                ),
+            }
+        }
+        Ok(backend)
     }
 
     /// Offer live migration (VHOST_USER_PROTOCOL_F_DEVICE_STATE): `state` saves and loads the
@@ -628,9 +652,53 @@ where
         })
     }
 
-    /// Serve a `Dispatch::Quick` request here, timing it for `cost`.
+    /// Serve a `Dispatch::Quick` request here, timing it for `cost`; should it be slow, the
+    /// rescuer hands the requests behind it to workers.
     fn serve(&self, p: Pending, vring: &Vring, queue: usize) {
+        let _inline = self.inner.watch.enter(queue);
         p.serve(&self.inner.server, vring, queue, Some(&self.inner.cost));
+    }
+
+    /// The queue thread of `queue` is held by a slow request: hand what waits in its ring to
+    /// the workers (see `rescue`). Nothing during a migration's logging, when requests are
+    /// served with their vring held, nor while the queues are closed.
+    fn rescue(&self, queue: usize) {
+        let Some(pool) = &self.inner.pool else {
+            return;
+        };
+        if self.inner.logging.load(Ordering::Acquire) {
+            return;
+        }
+        let vring = self
+            .inner
+            .vrings
+            .get(queue)
+            .and_then(|v| v.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        let mem = self
+            .inner
+            .mem
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let (Some(vring), Some(mem)) = (vring, mem) else {
+            return;
+        };
+        let mut n = 0u32;
+        while !self.inner.closed.load(Ordering::Acquire) {
+            let Some(p) = self.pop(&vring, &mem, queue) else {
+                break;
+            };
+            let waits = Dispatch::of(p.opcode()) == Dispatch::Waits;
+            self.submit(pool, &vring, p, queue, waits);
+            n += 1;
+        }
+        if n > 0 {
+            debug!(
+                queue,
+                requests = n,
+                "The queue thread is held by a slow request: the requests behind it went to workers"
+            );
+        }
     }
 
     fn submit(&self, pool: &WorkerPool, vring: &Vring, p: Pending, queue: usize, waits: bool) {
@@ -738,6 +806,34 @@ where
                 Err(_) => Look::GiveUp,
             }
         })
+    }
+}
+
+/// The rescuer thread (see `rescue`): while requests are served inline, look every
+/// `rescue::TICK` for a queue whose inline request has run past `rescue::LIMIT`; sleep while
+/// none is. Ends once its backend is gone.
+fn rescue_loop<F>(weak: &Weak<Inner<F>>)
+where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+{
+    let mut seen = 0;
+    loop {
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        let backend = VhostUserFsBackend { inner };
+        let begun = backend.inner.watch.begun();
+        if begun == seen && backend.inner.watch.go_idle(begun) {
+            drop(backend);
+            std::thread::park_timeout(rescue::IDLE_CHECK);
+            continue;
+        }
+        seen = begun;
+        for queue in backend.inner.watch.overdue(rescue::LIMIT) {
+            backend.rescue(queue);
+        }
+        drop(backend);
+        std::thread::sleep(rescue::TICK);
     }
 }
 

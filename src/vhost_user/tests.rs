@@ -41,6 +41,9 @@ pub(crate) struct TestFs {
     served: Mutex<Vec<(u32, bool)>>,
     /// A lock held by "another client": SETLKW on handle [`HELD_FH`] waits while it is true.
     held: (Mutex<bool>, std::sync::Condvar),
+    /// (stalled, one waits): a LOOKUP of "stall" waits while the first is true, as one held
+    /// by a stalled MDS; the second says one is waiting.
+    stall: (Mutex<(bool, bool)>, std::sync::Condvar),
     /// Calls of operations the daemon does not serve (BMAP, POLL): none may arrive.
     unserved: Mutex<Vec<&'static str>>,
     /// Handles given by OPEN; FLUSH checks them; DESTROY empties the table.
@@ -103,6 +106,42 @@ impl TestFs {
 }
 
 impl TestFs {
+    fn stall(&self) {
+        self.stall
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0 = true;
+    }
+
+    fn unstall(&self) {
+        self.stall
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .0 = false;
+        self.stall.1.notify_all();
+    }
+
+    /// Wait until a LOOKUP of "stall" waits.
+    fn wait_stalled(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut g = self.stall.0.lock().unwrap_or_else(PoisonError::into_inner);
+        while !g.1 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "the LOOKUP of \"stall\" never reached the filesystem"
+            );
+            g = self
+                .stall
+                .1
+                .wait_timeout(g, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
     fn note_served(&self, opcode: u32) {
         let on_worker = std::thread::current().name() == Some("fuse-worker");
         self.served
@@ -120,10 +159,20 @@ impl FileSystem for TestFs {
     type Inode = u64;
     type Handle = u64;
 
-    /// Nothing is found; a LOOKUP of "slow" takes 20 ms, as one sent to the MDS.
+    /// Nothing is found; a LOOKUP of "slow" takes 20 ms, as one sent to the MDS, and one of
+    /// "stall" waits while the test stalls it.
     fn lookup(&self, _ctx: &Context, _parent: u64, name: &CStr) -> io::Result<Entry> {
         if name.to_bytes() == b"slow" {
             std::thread::sleep(Duration::from_millis(20));
+        }
+        if name.to_bytes() == b"stall" {
+            let mut g = self.stall.0.lock().unwrap_or_else(PoisonError::into_inner);
+            while g.0 {
+                g.1 = true;
+                self.stall.1.notify_all();
+                g = self.stall.1.wait(g).unwrap_or_else(PoisonError::into_inner);
+            }
+            g.1 = false;
         }
         self.note_served(FUSE_LOOKUP);
         Err(io::Error::from_raw_os_error(libc::ENOENT))
@@ -1173,6 +1222,78 @@ fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
     let mut expected = vec![(FUSE_LOOKUP, true); 4];
     expected.extend([(FUSE_GETATTR, false); 4]);
     assert_eq!(served, expected);
+}
+
+/// A request the queue thread serves itself that turns out slow (a LOOKUP while the MDS is
+/// stalled) does not hold up the requests put on the queue behind it: the rescuer hands them
+/// to workers, with no kick (the guest sends none while the queue thread drains), and they
+/// are answered while the LOOKUP still waits.
+#[test]
+fn requests_behind_a_slow_inline_request_are_served_while_it_waits() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(4, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    backend.inner.cost.freeze_with(&[
+        (FUSE_GETATTR, Duration::ZERO),
+        (FUSE_LOOKUP, Duration::ZERO),
+    ]);
+    driver.submit(&init_request(1), 256);
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 1);
+
+    fs.stall();
+    driver.submit(&lookup_request(2, "stall"), 256);
+    let (b, v) = (backend.clone(), vring.clone());
+    let queue_thread = std::thread::spawn(move || kick(&b, &v, 1));
+    fs.wait_stalled();
+    for unique in 3..=5 {
+        let getattr = request(FUSE_GETATTR, unique, ROOT_ID, GetattrIn::default());
+        driver.submit(&getattr, 256);
+    }
+    wait_used(&driver, 4);
+    assert!(
+        !queue_thread.is_finished(),
+        "the LOOKUP was answered although the filesystem still holds it"
+    );
+    assert_eq!(fs.take_served(), vec![(FUSE_GETATTR, true); 3]);
+
+    fs.unstall();
+    queue_thread.join().unwrap();
+    wait_used(&driver, 5);
+    assert_eq!(fs.take_served(), vec![(FUSE_LOOKUP, false)]);
+
+    // Without a pool the operator asked for everything in order on the queue thread: nobody
+    // takes requests from behind a slow one.
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (inline, fs) = self::backend(0, None);
+    inline
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    driver.submit(&init_request(1), 256);
+    kick(&inline, &vring, 1);
+    wait_used(&driver, 1);
+    fs.stall();
+    driver.submit(&lookup_request(2, "stall"), 256);
+    let (b, v) = (inline.clone(), vring.clone());
+    let queue_thread = std::thread::spawn(move || kick(&b, &v, 1));
+    fs.wait_stalled();
+    let getattr = request(FUSE_GETATTR, 3, ROOT_ID, GetattrIn::default());
+    driver.submit(&getattr, 256);
+    std::thread::sleep(rescue::LIMIT + rescue::TICK * 4);
+    assert_eq!(
+        driver.used_idx(),
+        1,
+        "a request was served behind the stalled one"
+    );
+    fs.unstall();
+    queue_thread.join().unwrap();
+    wait_used(&driver, 3);
 }
 
 /// A request with the given header fields and body, its declared length as given.
