@@ -360,6 +360,19 @@ impl Hostile {
     pub fn set_timeout_ms(&mut self, ms: u64) {
         assert_eq!(self.cmd(&format!("timeout {ms}")), "ok");
     }
+
+    /// Wait up to `ms` for the chains of `queue` answered `lost` to come back: how many are
+    /// still out, and the replies of those that came back since the last call.
+    pub fn settle(&mut self, queue: usize, ms: u64) -> (usize, Vec<Vec<u8>>) {
+        let l = self.cmd(&format!("settle {queue} {ms}"));
+        let mut t = l.split_whitespace();
+        assert_eq!(t.next(), Some("settled"), "unexpected answer {l:?}");
+        let out = t.next().and_then(|n| n.parse().ok()).expect("settled OUT");
+        let late = t
+            .map(|r| if r == "-" { Vec::new() } else { unhex(r) })
+            .collect();
+        (out, late)
+    }
 }
 
 impl Drop for Hostile {

@@ -14,6 +14,9 @@
 //! - `alive`: `alive` when a GETATTR of node 1 is answered correctly, else `dead`.
 //! - `timeout MS`: how long to wait for a chain from now on.
 //! - `export`: the export root's inode number (`export 0x...`); `mem`: guest memory bytes.
+//! - `settle Q MS`: wait up to MS for the chains of queue Q still out (answered `lost`) to come
+//!   back: `settled OUT HEX...`, OUT still out, then the reply of each chain that came back
+//!   late since the last `settle` (`-` for an empty one), in the order they came back.
 //!
 //! Answers to `fuse` and `chain`: `done WRITTEN HEX [outside=INO,...]`, `lost`, or `bogus ID`;
 //! `error MSG` for a command that could not be carried out. With an oracle, every node id or
@@ -227,6 +230,23 @@ fn command(s: &mut Session, oracle: &mut Option<Oracle>, line: &str) -> Result<S
             Ok(format!("export {:#x}", o.export_ino()))
         }
         Some("mem") => Ok(format!("mem {}", s.dev.mem_size)),
+        Some("settle") => {
+            let q = queue(toks.get(1))?;
+            let ms = toks.get(2).and_then(|n| num(n)).ok_or("settle Q MS")?;
+            let (out, late) = s
+                .settle(q, Duration::from_millis(ms))
+                .map_err(|e| e.to_string())?;
+            let mut line = format!("settled {out}");
+            for r in late {
+                line.push(' ');
+                if r.is_empty() {
+                    line.push('-');
+                } else {
+                    line.push_str(&wire::hex(&r));
+                }
+            }
+            Ok(line)
+        }
         _ => Err(format!("unknown command: {line}")),
     }
 }

@@ -1,6 +1,7 @@
 //! One request at a time over a [`Device`]: publish a chain on a free slot, wait for that
 //! chain to come back, read the reply. Chains the daemon does not return in time stay
-//! "lost" (their slot is not reused until they come back).
+//! "lost" (their slot is not reused until they come back); their replies, when they do come
+//! back, are kept for [`Session::settle`].
 
 use std::time::Duration;
 
@@ -27,6 +28,8 @@ pub struct Session {
     reserved: Vec<Vec<bool>>,
     next: Vec<usize>,
     unique: u64,
+    /// Per queue: replies of chains that came back after their wait had given up on them.
+    late: Vec<Vec<Vec<u8>>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -46,6 +49,7 @@ impl Session {
             .map(|q| vec![None; dev.slots(q)])
             .collect();
         let next = vec![0; dev.queues.len()];
+        let dev_queues = dev.queues.len();
         let reserved = (0..dev.queues.len())
             .map(|q| vec![false; dev.slots(q)])
             .collect();
@@ -56,6 +60,7 @@ impl Session {
             reserved,
             next,
             unique: 0,
+            late: (0..dev_queues).map(|_| Vec::new()).collect(),
         }
     }
 
@@ -146,6 +151,10 @@ impl Session {
                 let published = self.busy[queue][s].take();
                 if id == head {
                     mine = published.map(|p| (p, written));
+                } else if let Some(p) = published {
+                    // A hostile chain's writable buffers may lie outside guest memory.
+                    let reply = self.dev.reply(&p, written).unwrap_or_default();
+                    self.late[queue].push(reply);
                 }
             }
             if let Some((p, written)) = mine {
@@ -153,6 +162,35 @@ impl Session {
                 return Ok(Answer::Done { written, reply });
             }
         }
+    }
+
+    /// Wait up to `timeout` for every chain of `queue` still out (lost) to come back. Returns
+    /// how many are still out, and the replies of those that came back late since the last
+    /// call (in the order they came back).
+    pub fn settle(
+        &mut self,
+        queue: usize,
+        timeout: Duration,
+    ) -> Result<(usize, Vec<Vec<u8>>), DeviceError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut done = Vec::new();
+        let out = |s: &Self| s.busy[queue].iter().filter(|b| b.is_some()).count();
+        while out(self) > 0 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            done.clear();
+            self.dev.wait(queue, left, &mut done)?;
+            for &(id, written) in &done {
+                let s = id as usize / usize::from(super::device::DESCS_PER_SLOT);
+                if let Some(p) = self.busy[queue].get_mut(s).and_then(Option::take) {
+                    let reply = self.dev.reply(&p, written).unwrap_or_default();
+                    self.late[queue].push(reply);
+                }
+            }
+        }
+        Ok((out(self), std::mem::take(&mut self.late[queue])))
     }
 
     /// GETATTR of the root node: does the daemon still answer, and correctly?

@@ -1,0 +1,398 @@
+//! A slow OSD and a stalled MDS (issue #17): the request that waits for the slow part of the
+//! cluster waits, and nothing else does. The other requests of the same queue are answered
+//! while it waits, FORGETs on the hiprio queue keep flowing, the slow-request watchdog logs
+//! it with what it waits on and counts it, and once the cluster is quick again it completes
+//! with the right answer.
+//!
+//! Driven at the FUSE wire by `ceph-virtiofsd-bench hostile serve`, so "answered while the
+//! other one waits" is exact: the slow request is sent first and comes back `lost` (not
+//! answered within the frontend's timeout), then the others are sent on the same queue and
+//! must come back within that timeout, then `settle` collects the slow one's reply.
+//!
+//! - Slow OSD: Ceph's injected dispatch delay (`osd_debug_inject_dispatch_delay_*`, set on
+//!   the OSD through its admin socket): every client op sleeps in the OSD before it is
+//!   served. A READ of data the daemon has not cached waits; GETATTR of a cached inode, a
+//!   LOOKUP the MDS answers from its cache, and a READ of cached data do not.
+//! - Stalled MDS: the MDS process is stopped (SIGSTOP) for a few seconds, well inside its
+//!   beacon grace, so no failover starts: the MDS is there and does not answer. (Ceph's
+//!   injected messenger delay is random per message, between 0 and a maximum, which cannot
+//!   make one request reliably slow.) A LOOKUP of a name the daemon has not seen waits;
+//!   GETATTR of a cached inode and a READ of cached data do not.
+//!
+//! Each test has a cluster of its own: the faults it injects would slow every other test.
+
+mod common;
+
+use std::ffi::CString;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ceph_client::{Mount, UserPerm, CEPH_STATX_BASIC_STATS};
+use common::hostile::{metric, scrape_metrics, Answer, Hostile, PrivateCluster};
+use common::{Daemon, Lab};
+
+const STUCK: &str = "ceph_virtiofsd_fuse_requests_stuck";
+/// How long the frontend waits for an answer: a request not answered within it is "slow";
+/// one that must not be held up has to be answered within it.
+const PATIENCE_MS: u64 = 1500;
+/// The daemon's slow-request bound (`--slow-request-secs`).
+const SLOW_SECS: u64 = 1;
+const BIG_LEN: usize = 4 << 20;
+const READ_LEN: u32 = 128 * 1024;
+
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761).to_le_bytes()[3])
+        .collect()
+}
+
+fn write_file(m: &Mount, export: &str, name: &str, data: &[u8]) {
+    let d = common::ceph_dir(m, export);
+    let n = CString::new(name).unwrap();
+    let (_, _, f) = m
+        .create(
+            &d,
+            &n,
+            0o644,
+            libc::O_RDWR | libc::O_CREAT | libc::O_TRUNC,
+            CEPH_STATX_BASIC_STATS,
+            0,
+            &UserPerm::root(),
+        )
+        .unwrap_or_else(|e| panic!("create {name}: {e}"));
+    let mut off = 0;
+    while off < data.len() {
+        off += f.write(off as u64, &data[off..]).unwrap();
+    }
+    f.fsync(false).unwrap();
+}
+
+/// The export: `big` (4 MiB the daemon will read from the OSD), `small` (read once, so its
+/// data is cached), `names/n0..n7` (looked up only during the fault).
+fn tree(lab: &Lab, name: &str) -> String {
+    let export = lab.export_dir(name);
+    let m = lab.ceph();
+    write_file(&m, &export, "big", &pattern(BIG_LEN));
+    write_file(&m, &export, "small", &pattern(8192));
+    let d = common::ceph_dir(&m, &export);
+    let names = CString::new("names").unwrap();
+    m.mkdir(
+        &d,
+        &names,
+        0o755,
+        CEPH_STATX_BASIC_STATS,
+        0,
+        &UserPerm::root(),
+    )
+    .unwrap();
+    for i in 0..8 {
+        write_file(&m, &format!("{export}/names"), &format!("n{i}"), b"x");
+    }
+    export
+}
+
+fn lookup(h: &mut Hostile, parent: u64, name: &str) -> u64 {
+    let a = h.lookup(parent, name.as_bytes());
+    a.entry()
+        .unwrap_or_else(|| panic!("LOOKUP {name}: {a:?}"))
+        .0
+}
+
+fn open(h: &mut Hostile, node: u64) -> u64 {
+    let a = h.open(node, libc::O_RDONLY as u32);
+    a.fh().unwrap_or_else(|| panic!("OPEN: {a:?}"))
+}
+
+/// The data of a READ reply, checked against `want`.
+fn check_read(what: &str, reply: &[u8], want: &[u8]) {
+    assert!(reply.len() >= 16, "{what}: short reply {reply:?}");
+    let err = i32::from_le_bytes(reply[4..8].try_into().unwrap());
+    assert_eq!(err, 0, "{what}: error {err}");
+    assert!(
+        reply[16..] == *want,
+        "{what}: the bytes differ from what was written"
+    );
+}
+
+fn ok(what: &str, a: &Answer) {
+    assert!(
+        matches!(a, Answer::Done { .. }) && a.error() == Some(0),
+        "{what} was held up by the slow request (or failed): {a:?}"
+    );
+}
+
+/// The watchdog's log line for a request of `opcode` stuck in flight.
+fn stuck_line(log: &str, opcode: &str) -> Option<String> {
+    log.lines()
+        .find(|l| l.contains(&format!("op=\"{opcode}\"")) && l.contains("in flight"))
+        .map(str::to_owned)
+}
+
+fn wait_for_stuck(daemon: &Daemon, metrics: &Path, opcode: &str) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = daemon.log_text();
+        if let Some(line) = stuck_line(&log, opcode) {
+            return (line, scrape_metrics(metrics));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no slow-request report for {opcode}\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The watchdog clears `fuse_requests_stuck` on its next look once the request is answered.
+fn wait_unstuck(metrics: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = scrape_metrics(metrics);
+        if metric(&text, STUCK) == Some(0.0) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still counted as stuck:\n{text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn start(cluster: &PrivateCluster, name: &str) -> (Daemon, String, std::path::PathBuf) {
+    let lab = &cluster.lab;
+    let export = tree(lab, name);
+    // Not `scratch(name)`: that one holds the cluster, and scratch() empties what it returns.
+    let work = lab.scratch(&format!("{name}-daemon"));
+    let metrics = work.join("metrics.sock");
+    let secs = SLOW_SECS.to_string();
+    let daemon = Daemon::start(
+        lab,
+        &work,
+        &export,
+        &[
+            "--slow-request-secs",
+            &secs,
+            "--metrics-socket",
+            metrics.to_str().unwrap(),
+        ],
+    );
+    (daemon, export, metrics)
+}
+
+fn osd_config(cluster: &PrivateCluster, key: &str, value: &str) {
+    let asok = cluster.dir.join("run/ceph-osd.0.asok");
+    let out = Command::new("ceph")
+        .arg("--admin-daemon")
+        .arg(&asok)
+        .args(["config", "set", key, value])
+        .output()
+        .expect("run ceph --admin-daemon");
+    assert!(
+        out.status.success(),
+        "ceph --admin-daemon {} config set {key} {value}: {}",
+        asok.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn mds_pid(cluster: &PrivateCluster) -> i32 {
+    let p = cluster.dir.join("pids/mds.a.pid");
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+fn signal(pid: i32, sig: i32) {
+    // SAFETY: kill(2) with a pid read from the cluster's pid file; no memory is involved.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(
+        rc,
+        0,
+        "kill({pid}, {sig}): {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Resumes a stopped MDS even when the test fails half-way, so the cluster can be stopped.
+struct Resume(i32);
+
+impl Drop for Resume {
+    fn drop(&mut self) {
+        // SAFETY: as in `signal`.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// Turns the OSD's injected delay off even when the test fails half-way.
+struct Undelay<'a>(&'a PrivateCluster);
+
+impl Drop for Undelay<'_> {
+    fn drop(&mut self) {
+        let asok = self.0.dir.join("run/ceph-osd.0.asok");
+        let _ = Command::new("ceph")
+            .arg("--admin-daemon")
+            .arg(&asok)
+            .args([
+                "config",
+                "set",
+                "osd_debug_inject_dispatch_delay_probability",
+                "0",
+            ])
+            .output();
+    }
+}
+
+#[test]
+fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
+    let lab = Lab::get();
+    let name = format!("slow-osd-{}", std::process::id());
+    let cluster = PrivateCluster::start(&lab, &name);
+    let (daemon, export, metrics) = start(&cluster, &name);
+    let mut h = Hostile::connect(&cluster.lab, &daemon, &export, &[]);
+    h.set_timeout_ms(30_000);
+    let big = lookup(&mut h, 1, "big");
+    let big_fh = open(&mut h, big);
+    let small = lookup(&mut h, 1, "small");
+    let small_fh = open(&mut h, small);
+    let small_data = pattern(8192);
+    let a = h.read(small, small_fh, 0, 8192);
+    check_read("READ of small before the fault", a_reply(&a), &small_data);
+    let names = lookup(&mut h, 1, "names");
+    let n0 = lookup(&mut h, names, "n0");
+    let before = scrape_metrics(&metrics);
+    assert_eq!(metric(&before, STUCK), Some(0.0), "{before}");
+
+    // Every client op now sleeps 4 s in the OSD before it is served.
+    let _undo = Undelay(&cluster);
+    osd_config(&cluster, "osd_debug_inject_dispatch_delay_duration", "4");
+    osd_config(&cluster, "osd_debug_inject_dispatch_delay_probability", "1");
+    h.set_timeout_ms(PATIENCE_MS);
+
+    let off = 2 << 20;
+    let slow = h.read(big, big_fh, off, READ_LEN);
+    assert_eq!(
+        slow,
+        Answer::Lost,
+        "a READ from the OSD was answered within {PATIENCE_MS} ms although the OSD sleeps 4 s per op"
+    );
+    let t = Instant::now();
+    ok("GETATTR of a cached inode", &h.getattr(small));
+    let a = h.read(small, small_fh, 0, 8192);
+    ok("READ of cached data", &a);
+    check_read("READ of cached data", a_reply(&a), &small_data);
+    let a = h.lookup(names, b"n1");
+    ok("LOOKUP the MDS answers from its cache", &a);
+    let forget = h.forget(&[(n0, 1)]);
+    assert!(
+        matches!(forget, Answer::Done { .. }),
+        "FORGET on the hiprio queue was held up: {forget:?}"
+    );
+    println!(
+        "slow OSD: GETATTR, READ (cached), LOOKUP and FORGET answered in {} ms while the READ waits",
+        t.elapsed().as_millis()
+    );
+
+    let (line, text) = wait_for_stuck(&daemon, &metrics, "READ");
+    println!("slow OSD: {line}");
+    assert!(line.contains("waits_on=\"osd\""), "{line}");
+    assert!(metric(&text, STUCK).unwrap_or(0.0) >= 1.0, "{text}");
+    assert!(
+        metric(
+            &text,
+            "ceph_virtiofsd_fuse_slow_requests_total{op=\"READ\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{text}"
+    );
+
+    // The OSD is quick again: the READ completes with the bytes written there.
+    osd_config(&cluster, "osd_debug_inject_dispatch_delay_probability", "0");
+    let (out, late) = h.settle(1, 60_000);
+    assert_eq!(out, 0, "the slow READ never came back");
+    assert_eq!(late.len(), 1, "{} late replies", late.len());
+    let want = pattern(BIG_LEN);
+    let range = off as usize..off as usize + READ_LEN as usize;
+    check_read("the slow READ", &late[0], &want[range]);
+    h.set_timeout_ms(30_000);
+    assert!(h.alive());
+    wait_unstuck(&metrics);
+}
+
+#[test]
+fn a_stalled_mds_holds_up_only_the_request_that_waits_for_it() {
+    let lab = Lab::get();
+    let name = format!("slow-mds-{}", std::process::id());
+    let cluster = PrivateCluster::start(&lab, &name);
+    let (daemon, export, metrics) = start(&cluster, &name);
+    let mut h = Hostile::connect(&cluster.lab, &daemon, &export, &[]);
+    h.set_timeout_ms(30_000);
+    let small = lookup(&mut h, 1, "small");
+    let small_fh = open(&mut h, small);
+    let small_data = pattern(8192);
+    let a = h.read(small, small_fh, 0, 8192);
+    check_read("READ of small before the fault", a_reply(&a), &small_data);
+    let names = lookup(&mut h, 1, "names");
+    let n0 = lookup(&mut h, names, "n0");
+
+    let pid = mds_pid(&cluster);
+    signal(pid, libc::SIGSTOP);
+    let resume = Resume(pid);
+    let stopped = Instant::now();
+    h.set_timeout_ms(PATIENCE_MS);
+
+    let slow = h.lookup(names, b"n5");
+    assert_eq!(
+        slow,
+        Answer::Lost,
+        "a LOOKUP of a name the daemon never saw was answered within {PATIENCE_MS} ms with the MDS stopped"
+    );
+    let t = Instant::now();
+    ok("GETATTR of a cached inode", &h.getattr(small));
+    let a = h.read(small, small_fh, 0, 8192);
+    ok("READ of cached data", &a);
+    check_read("READ of cached data", a_reply(&a), &small_data);
+    let forget = h.forget(&[(n0, 1)]);
+    assert!(
+        matches!(forget, Answer::Done { .. }),
+        "FORGET on the hiprio queue was held up: {forget:?}"
+    );
+    println!(
+        "stalled MDS: GETATTR, READ (cached) and FORGET answered in {} ms while the LOOKUP waits",
+        t.elapsed().as_millis()
+    );
+
+    let (line, text) = wait_for_stuck(&daemon, &metrics, "LOOKUP");
+    println!("stalled MDS: {line}");
+    assert!(line.contains("waits_on=\"mds\""), "{line}");
+    assert!(metric(&text, STUCK).unwrap_or(0.0) >= 1.0, "{text}");
+    assert!(
+        metric(
+            &text,
+            "ceph_virtiofsd_fuse_slow_requests_total{op=\"LOOKUP\"}"
+        )
+        .unwrap_or(0.0)
+            >= 1.0,
+        "{text}"
+    );
+
+    // Stopped for 4 s in all, far inside the beacon grace: no failover, the MDS just answers.
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(stopped.elapsed()));
+    drop(resume);
+    let (out, late) = h.settle(1, 60_000);
+    assert_eq!(out, 0, "the LOOKUP never came back");
+    assert_eq!(late.len(), 1, "{} late replies", late.len());
+    let err = i32::from_le_bytes(late[0][4..8].try_into().unwrap());
+    assert_eq!(err, 0, "the LOOKUP failed: {err}");
+    h.set_timeout_ms(30_000);
+    assert!(h.alive());
+    wait_unstuck(&metrics);
+}
+
+fn a_reply(a: &Answer) -> &[u8] {
+    match a {
+        Answer::Done { reply, .. } => reply,
+        _ => panic!("no reply: {a:?}"),
+    }
+}
