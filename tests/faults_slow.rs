@@ -10,11 +10,11 @@
 //! must come back within that timeout, then `settle` collects the slow one's reply.
 //!
 //! - Slow OSD: Ceph's injected dispatch delay (`osd_debug_inject_dispatch_delay_*`, set on
-//!   the OSD through its admin socket): every client op sleeps in the OSD before it is
+//!   the OSD through its admin socket): every client op sleeps 6 s in the OSD before it is
 //!   served. A READ of data the daemon has not cached waits; GETATTR of a cached inode, a
 //!   LOOKUP the MDS answers from its cache, and a READ of cached data do not.
-//! - Stalled MDS: the MDS process is stopped (SIGSTOP) for a few seconds, well inside its
-//!   beacon grace, so no failover starts: the MDS is there and does not answer. (Ceph's
+//! - Stalled MDS: the MDS process is stopped (SIGSTOP) for 2 to 3 s, until the watchdog has
+//!   reported the request, well inside its beacon grace, so no failover starts: the MDS is there and does not answer. (Ceph's
 //!   injected messenger delay is random per message, between 0 and a maximum, which cannot
 //!   make one request reliably slow.) A LOOKUP of a name the daemon has not seen waits;
 //!   GETATTR of a cached inode and a READ of cached data do not.
@@ -263,9 +263,10 @@ fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
     let before = scrape_metrics(&metrics);
     assert_eq!(metric(&before, STUCK), Some(0.0), "{before}");
 
-    // Every client op now sleeps 4 s in the OSD before it is served.
+    // Every client op now sleeps 6 s in the OSD before it is served: the READ is still in
+    // flight when the watchdog (1 s bound, one look a second) reports it.
     let _undo = Undelay(&cluster);
-    osd_config(&cluster, "osd_debug_inject_dispatch_delay_duration", "4");
+    osd_config(&cluster, "osd_debug_inject_dispatch_delay_duration", "6");
     osd_config(&cluster, "osd_debug_inject_dispatch_delay_probability", "1");
     h.set_timeout_ms(PATIENCE_MS);
 
@@ -274,7 +275,7 @@ fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
     assert_eq!(
         slow,
         Answer::Lost,
-        "a READ from the OSD was answered within {PATIENCE_MS} ms although the OSD sleeps 4 s per op"
+        "a READ from the OSD was answered within {PATIENCE_MS} ms although the OSD sleeps 6 s per op"
     );
     let t = Instant::now();
     ok("GETATTR of a cached inode", &h.getattr(small));
@@ -377,8 +378,9 @@ fn a_stalled_mds_holds_up_only_the_request_that_waits_for_it() {
         "{text}"
     );
 
-    // Stopped for 4 s in all, far inside the beacon grace: no failover, the MDS just answers.
-    std::thread::sleep(Duration::from_secs(4).saturating_sub(stopped.elapsed()));
+    // Resumed once the watchdog has reported the LOOKUP (2 to 3 s), far inside the MDS's
+    // beacon grace (15 s): no failover, the MDS just answers.
+    println!("stalled MDS: stopped for {} ms", stopped.elapsed().as_millis());
     drop(resume);
     let (out, late) = h.settle(1, 60_000);
     assert_eq!(out, 0, "the LOOKUP never came back");
