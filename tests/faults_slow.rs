@@ -380,7 +380,10 @@ fn a_stalled_mds_holds_up_only_the_request_that_waits_for_it() {
 
     // Resumed once the watchdog has reported the LOOKUP (2 to 3 s), far inside the MDS's
     // beacon grace (15 s): no failover, the MDS just answers.
-    println!("stalled MDS: stopped for {} ms", stopped.elapsed().as_millis());
+    println!(
+        "stalled MDS: stopped for {} ms",
+        stopped.elapsed().as_millis()
+    );
     drop(resume);
     let (out, late) = h.settle(1, 60_000);
     assert_eq!(out, 0, "the LOOKUP never came back");
