@@ -15,13 +15,10 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS};
 use common::hostile::PrivateCluster;
 use common::{ceph_dir, ceph_read_all, run_guest, Daemon, Lab};
 
@@ -139,17 +136,7 @@ fn churn(kind: &str, cluster_opt: &str) {
     let mut answers = Vec::new();
     for k in 0..failovers {
         let t0 = Instant::now();
-        let out = Command::new(lab.top.join("tests/lab/ceph-dev-cluster"))
-            .arg("fail-mds")
-            .arg(&private.dir)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "failover {k}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        private.fail_mds();
         let active = Instant::now();
         let resumed = first_after(active, active + ANSWER_BOUND).unwrap_or_else(|| {
             panic!(
@@ -188,19 +175,7 @@ fn churn(kind: &str, cluster_opt: &str) {
             Instant::now() + ANSWER_BOUND,
         );
     }
-    let m = lab.ceph();
-    let d = ceph_dir(&m, &export);
-    let stop = CString::new("stop").unwrap();
-    m.create(
-        &d,
-        &stop,
-        0o644,
-        libc::O_CREAT | libc::O_WRONLY,
-        CEPH_STATX_BASIC_STATS,
-        0,
-        &UserPerm::root(),
-    )
-    .unwrap();
+    common::ceph_touch(lab, &export, "stop");
     let (run, daemon) = guest.join().unwrap();
     following.store(false, Ordering::Relaxed);
     follower.join().unwrap();

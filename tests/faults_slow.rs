@@ -243,6 +243,70 @@ impl Drop for Undelay<'_> {
     }
 }
 
+/// What both tests hold before the fault: `small` open and its data cached, `names` and
+/// `names/n0` looked up (n0 is what the FORGET during the fault drops).
+struct Held {
+    small: u64,
+    small_fh: u64,
+    names: u64,
+    n0: u64,
+}
+
+fn hold(h: &mut Hostile) -> Held {
+    h.set_timeout_ms(30_000);
+    let small = lookup(h, 1, "small");
+    let small_fh = open(h, small);
+    let a = h.read(small, small_fh, 0, 8192);
+    check_read(
+        "READ of small before the fault",
+        a_reply(&a),
+        &pattern(8192),
+    );
+    let names = lookup(h, 1, "names");
+    let n0 = lookup(h, names, "n0");
+    Held {
+        small,
+        small_fh,
+        names,
+        n0,
+    }
+}
+
+/// While the slow request waits: a GETATTR and a READ libcephfs answers from its caches, a
+/// LOOKUP of `lookup` (when given), and a FORGET on the hiprio queue are all answered.
+fn the_others_are_answered(what: &str, h: &mut Hostile, held: &Held, lookup: Option<&[u8]>) {
+    let t = Instant::now();
+    ok("GETATTR of a cached inode", &h.getattr(held.small));
+    let a = h.read(held.small, held.small_fh, 0, 8192);
+    ok("READ of cached data", &a);
+    check_read("READ of cached data", a_reply(&a), &pattern(8192));
+    if let Some(name) = lookup {
+        ok(
+            "LOOKUP the MDS answers from its cache",
+            &h.lookup(held.names, name),
+        );
+    }
+    let forget = h.forget(&[(held.n0, 1)]);
+    assert!(
+        matches!(forget, Answer::Done { .. }),
+        "FORGET on the hiprio queue was held up: {forget:?}"
+    );
+    println!(
+        "{what}: the other requests were answered in {} ms while the slow one waits",
+        t.elapsed().as_millis()
+    );
+}
+
+/// The watchdog logged the slow `opcode` with `waits_on`, and counts it.
+fn reported(what: &str, daemon: &Daemon, metrics: &Path, opcode: &str, waits_on: &str) {
+    let (line, text) = wait_for_stuck(daemon, metrics, opcode);
+    println!("{what}: {line}");
+    assert!(line.contains(&format!("waits_on=\"{waits_on}\"")), "{line}");
+    assert!(metric(&text, STUCK).unwrap_or(0.0) >= 1.0, "{text}");
+    let slow = format!("ceph_virtiofsd_fuse_slow_requests_total{{op=\"{opcode}\"}}");
+    assert!(metric(&text, &slow).unwrap_or(0.0) >= 1.0, "{text}");
+}
+
 #[test]
 fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
     let lab = Lab::get();
@@ -250,16 +314,9 @@ fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
     let cluster = PrivateCluster::start(&lab, &name);
     let (daemon, export, metrics) = start(&cluster, &name);
     let mut h = Hostile::connect(&cluster.lab, &daemon, &export, &[]);
-    h.set_timeout_ms(30_000);
+    let held = hold(&mut h);
     let big = lookup(&mut h, 1, "big");
     let big_fh = open(&mut h, big);
-    let small = lookup(&mut h, 1, "small");
-    let small_fh = open(&mut h, small);
-    let small_data = pattern(8192);
-    let a = h.read(small, small_fh, 0, 8192);
-    check_read("READ of small before the fault", a_reply(&a), &small_data);
-    let names = lookup(&mut h, 1, "names");
-    let n0 = lookup(&mut h, names, "n0");
     let before = scrape_metrics(&metrics);
     assert_eq!(metric(&before, STUCK), Some(0.0), "{before}");
 
@@ -277,36 +334,8 @@ fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
         Answer::Lost,
         "a READ from the OSD was answered within {PATIENCE_MS} ms although the OSD sleeps 6 s per op"
     );
-    let t = Instant::now();
-    ok("GETATTR of a cached inode", &h.getattr(small));
-    let a = h.read(small, small_fh, 0, 8192);
-    ok("READ of cached data", &a);
-    check_read("READ of cached data", a_reply(&a), &small_data);
-    let a = h.lookup(names, b"n1");
-    ok("LOOKUP the MDS answers from its cache", &a);
-    let forget = h.forget(&[(n0, 1)]);
-    assert!(
-        matches!(forget, Answer::Done { .. }),
-        "FORGET on the hiprio queue was held up: {forget:?}"
-    );
-    println!(
-        "slow OSD: GETATTR, READ (cached), LOOKUP and FORGET answered in {} ms while the READ waits",
-        t.elapsed().as_millis()
-    );
-
-    let (line, text) = wait_for_stuck(&daemon, &metrics, "READ");
-    println!("slow OSD: {line}");
-    assert!(line.contains("waits_on=\"osd\""), "{line}");
-    assert!(metric(&text, STUCK).unwrap_or(0.0) >= 1.0, "{text}");
-    assert!(
-        metric(
-            &text,
-            "ceph_virtiofsd_fuse_slow_requests_total{op=\"READ\"}"
-        )
-        .unwrap_or(0.0)
-            >= 1.0,
-        "{text}"
-    );
+    the_others_are_answered("slow OSD", &mut h, &held, Some(b"n1"));
+    reported("slow OSD", &daemon, &metrics, "READ", "osd");
 
     // The OSD is quick again: the READ completes with the bytes written there.
     osd_config(&cluster, "osd_debug_inject_dispatch_delay_probability", "0");
@@ -328,14 +357,7 @@ fn a_stalled_mds_holds_up_only_the_request_that_waits_for_it() {
     let cluster = PrivateCluster::start(&lab, &name);
     let (daemon, export, metrics) = start(&cluster, &name);
     let mut h = Hostile::connect(&cluster.lab, &daemon, &export, &[]);
-    h.set_timeout_ms(30_000);
-    let small = lookup(&mut h, 1, "small");
-    let small_fh = open(&mut h, small);
-    let small_data = pattern(8192);
-    let a = h.read(small, small_fh, 0, 8192);
-    check_read("READ of small before the fault", a_reply(&a), &small_data);
-    let names = lookup(&mut h, 1, "names");
-    let n0 = lookup(&mut h, names, "n0");
+    let held = hold(&mut h);
 
     let pid = mds_pid(&cluster);
     signal(pid, libc::SIGSTOP);
@@ -343,40 +365,14 @@ fn a_stalled_mds_holds_up_only_the_request_that_waits_for_it() {
     let stopped = Instant::now();
     h.set_timeout_ms(PATIENCE_MS);
 
-    let slow = h.lookup(names, b"n5");
+    let slow = h.lookup(held.names, b"n5");
     assert_eq!(
         slow,
         Answer::Lost,
         "a LOOKUP of a name the daemon never saw was answered within {PATIENCE_MS} ms with the MDS stopped"
     );
-    let t = Instant::now();
-    ok("GETATTR of a cached inode", &h.getattr(small));
-    let a = h.read(small, small_fh, 0, 8192);
-    ok("READ of cached data", &a);
-    check_read("READ of cached data", a_reply(&a), &small_data);
-    let forget = h.forget(&[(n0, 1)]);
-    assert!(
-        matches!(forget, Answer::Done { .. }),
-        "FORGET on the hiprio queue was held up: {forget:?}"
-    );
-    println!(
-        "stalled MDS: GETATTR, READ (cached) and FORGET answered in {} ms while the LOOKUP waits",
-        t.elapsed().as_millis()
-    );
-
-    let (line, text) = wait_for_stuck(&daemon, &metrics, "LOOKUP");
-    println!("stalled MDS: {line}");
-    assert!(line.contains("waits_on=\"mds\""), "{line}");
-    assert!(metric(&text, STUCK).unwrap_or(0.0) >= 1.0, "{text}");
-    assert!(
-        metric(
-            &text,
-            "ceph_virtiofsd_fuse_slow_requests_total{op=\"LOOKUP\"}"
-        )
-        .unwrap_or(0.0)
-            >= 1.0,
-        "{text}"
-    );
+    the_others_are_answered("stalled MDS", &mut h, &held, None);
+    reported("stalled MDS", &daemon, &metrics, "LOOKUP", "mds");
 
     // Resumed once the watchdog has reported the LOOKUP (2 to 3 s), far inside the MDS's
     // beacon grace (15 s): no failover, the MDS just answers.

@@ -22,13 +22,10 @@
 
 mod common;
 
-use std::ffi::CString;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS};
 use common::hostile::{metric, scrape_metrics, PrivateCluster};
-use common::{ceph_dir, run_guest, Daemon, Lab};
+use common::{run_guest, Daemon, Lab};
 
 /// How long after a failover has finished the guest may take to be answered again.
 const ANSWER_BOUND: Duration = Duration::from_secs(120);
@@ -246,18 +243,7 @@ fn checker_fsx_and_a_metadata_storm_ride_out_mds_failovers() {
         std::thread::sleep(every);
         let before = ticks(&console);
         let t0 = Instant::now();
-        let out = Command::new(lab.top.join("tests/lab/ceph-dev-cluster"))
-            .arg("fail-mds")
-            .arg(&private.dir)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "failover {}: {}",
-            took.len(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        private.fail_mds();
         let active = Instant::now();
         let seen = ticks(&console).max(before);
         let at = first_tick_after(seen, active + ANSWER_BOUND).unwrap_or_else(|| {
@@ -285,19 +271,7 @@ fn checker_fsx_and_a_metadata_storm_ride_out_mds_failovers() {
         "ceph_virtiofsd_fuse_requests_stuck",
     );
 
-    let m = lab.ceph();
-    let d = ceph_dir(&m, &export);
-    let stop = CString::new("stop").unwrap();
-    m.create(
-        &d,
-        &stop,
-        0o644,
-        libc::O_CREAT | libc::O_WRONLY,
-        CEPH_STATX_BASIC_STATS,
-        0,
-        &UserPerm::root(),
-    )
-    .expect("create the stop file");
+    common::ceph_touch(lab, &export, "stop");
     let run = guest.join().expect("the guest thread");
     let text = run.console.clone();
     let _ = std::fs::write(work.join("soak-console.txt"), &text);

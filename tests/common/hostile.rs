@@ -555,6 +555,23 @@ impl PrivateCluster {
         }
     }
 
+    /// `ceph-dev-cluster fail-mds`: the active MDS fails over to a standby; returns once the
+    /// new one is active (the cluster must have been started with a standby).
+    pub fn fail_mds(&self) {
+        let out = Command::new(self.lab.top.join("tests/lab/ceph-dev-cluster"))
+            .arg("fail-mds")
+            .arg(&self.dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tests/lab/ceph-dev-cluster fail-mds");
+        assert!(
+            out.status.success(),
+            "ceph-dev-cluster fail-mds {}: {}",
+            self.dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// `ceph-dev-cluster status`: every daemon running and the MDS active.
     pub fn healthy(&self) -> (bool, String) {
         let out = Command::new(self.lab.top.join("tests/lab/ceph-dev-cluster"))

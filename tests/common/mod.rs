@@ -454,6 +454,24 @@ pub fn ceph_dir(m: &Mount, path: &str) -> ceph_client::Inode {
     cur
 }
 
+/// Create the empty file `name` in the directory `dir` (from the CephFS root) through a test's
+/// own client: the usual way to tell a guest script to stop.
+pub fn ceph_touch(lab: &Lab, dir: &str, name: &str) {
+    let m = lab.ceph();
+    let d = ceph_dir(&m, dir);
+    let n = CString::new(name).unwrap();
+    m.create(
+        &d,
+        &n,
+        0o644,
+        libc::O_CREAT | libc::O_WRONLY,
+        CEPH_STATX_BASIC_STATS,
+        0,
+        &UserPerm::root(),
+    )
+    .unwrap_or_else(|e| panic!("create {dir}/{name}: {e}"));
+}
+
 /// The whole content of `name` in `parent`, read through a test's own CephFS client.
 pub fn ceph_read_all(m: &Mount, parent: &ceph_client::Inode, name: &str) -> Vec<u8> {
     let (ino, size) = ceph_lookup(m, parent, name).unwrap_or_else(|| panic!("no {name}"));
