@@ -1224,6 +1224,25 @@ fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
     assert_eq!(served, expected);
 }
 
+/// INIT answered, then a LOOKUP of "stall" held inside the filesystem, served on a queue
+/// thread of its own (the `handle_event` call; join it once the test unstalls the LOOKUP).
+fn hold_a_lookup(
+    backend: &VhostUserFsBackend<TestFs>,
+    fs: &TestFs,
+    driver: &mut Driver<'_>,
+    vring: &Vring,
+) -> std::thread::JoinHandle<()> {
+    driver.submit(&init_request(1), 256);
+    kick(backend, vring, 1);
+    wait_used(driver, 1);
+    fs.stall();
+    driver.submit(&lookup_request(2, "stall"), 256);
+    let (b, v) = (backend.clone(), vring.clone());
+    let queue_thread = std::thread::spawn(move || kick(&b, &v, 1));
+    fs.wait_stalled();
+    queue_thread
+}
+
 /// A request the queue thread serves itself that turns out slow (a LOOKUP while the MDS is
 /// stalled) does not hold up the requests put on the queue behind it: the rescuer hands them
 /// to workers, with no kick (the guest sends none while the queue thread drains), and they
@@ -1241,15 +1260,7 @@ fn requests_behind_a_slow_inline_request_are_served_while_it_waits() {
         (FUSE_GETATTR, Duration::ZERO),
         (FUSE_LOOKUP, Duration::ZERO),
     ]);
-    driver.submit(&init_request(1), 256);
-    kick(&backend, &vring, 1);
-    wait_used(&driver, 1);
-
-    fs.stall();
-    driver.submit(&lookup_request(2, "stall"), 256);
-    let (b, v) = (backend.clone(), vring.clone());
-    let queue_thread = std::thread::spawn(move || kick(&b, &v, 1));
-    fs.wait_stalled();
+    let queue_thread = hold_a_lookup(&backend, &fs, &mut driver, &vring);
     for unique in 3..=5 {
         let getattr = request(FUSE_GETATTR, unique, ROOT_ID, GetattrIn::default());
         driver.submit(&getattr, 256);
@@ -1275,14 +1286,7 @@ fn requests_behind_a_slow_inline_request_are_served_while_it_waits() {
     inline
         .update_memory(mem.clone())
         .unwrap_or_else(|e| panic!("{e}"));
-    driver.submit(&init_request(1), 256);
-    kick(&inline, &vring, 1);
-    wait_used(&driver, 1);
-    fs.stall();
-    driver.submit(&lookup_request(2, "stall"), 256);
-    let (b, v) = (inline.clone(), vring.clone());
-    let queue_thread = std::thread::spawn(move || kick(&b, &v, 1));
-    fs.wait_stalled();
+    let queue_thread = hold_a_lookup(&inline, &fs, &mut driver, &vring);
     let getattr = request(FUSE_GETATTR, 3, ROOT_ID, GetattrIn::default());
     driver.submit(&getattr, 256);
     std::thread::sleep(rescue::LIMIT + rescue::TICK * 4);

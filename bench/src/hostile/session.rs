@@ -49,7 +49,7 @@ impl Session {
             .map(|q| vec![None; dev.slots(q)])
             .collect();
         let next = vec![0; dev.queues.len()];
-        let dev_queues = dev.queues.len();
+        let late = vec![Vec::new(); dev.queues.len()];
         let reserved = (0..dev.queues.len())
             .map(|q| vec![false; dev.slots(q)])
             .collect();
@@ -60,7 +60,7 @@ impl Session {
             reserved,
             next,
             unique: 0,
-            late: (0..dev_queues).map(|_| Vec::new()).collect(),
+            late,
         }
     }
 
@@ -142,19 +142,13 @@ impl Session {
             self.dev.wait(queue, left, &mut done)?;
             let mut mine = None;
             for &(id, written) in &done {
-                let s = id as usize / usize::from(super::device::DESCS_PER_SLOT);
-                let ok = id % u32::from(super::device::DESCS_PER_SLOT) == 0
-                    && self.busy[queue].get(s).is_some_and(Option::is_some);
-                if !ok {
+                let Some(published) = self.take_returned(queue, id) else {
                     return Ok(Answer::Bogus(id));
-                }
-                let published = self.busy[queue][s].take();
+                };
                 if id == head {
-                    mine = published.map(|p| (p, written));
-                } else if let Some(p) = published {
-                    // A hostile chain's writable buffers may lie outside guest memory.
-                    let reply = self.dev.reply(&p, written).unwrap_or_default();
-                    self.late[queue].push(reply);
+                    mine = Some((published, written));
+                } else {
+                    self.keep_late(queue, &published, written);
                 }
             }
             if let Some((p, written)) = mine {
@@ -183,14 +177,31 @@ impl Session {
             done.clear();
             self.dev.wait(queue, left, &mut done)?;
             for &(id, written) in &done {
-                let s = id as usize / usize::from(super::device::DESCS_PER_SLOT);
-                if let Some(p) = self.busy[queue].get_mut(s).and_then(Option::take) {
-                    let reply = self.dev.reply(&p, written).unwrap_or_default();
-                    self.late[queue].push(reply);
+                // An id we never published is no chain of ours to wait for.
+                if let Some(p) = self.take_returned(queue, id) {
+                    self.keep_late(queue, &p, written);
                 }
             }
         }
         Ok((out(self), std::mem::take(&mut self.late[queue])))
+    }
+
+    /// The chain published on the slot whose head the device gave back as `id`, no longer
+    /// out; `None` for an id we never published (or one given back twice).
+    fn take_returned(&mut self, queue: usize, id: u32) -> Option<Published> {
+        let per_slot = super::device::DESCS_PER_SLOT;
+        if id % u32::from(per_slot) != 0 {
+            return None;
+        }
+        let s = id as usize / usize::from(per_slot);
+        self.busy[queue].get_mut(s).and_then(Option::take)
+    }
+
+    /// Keep the reply of a chain that came back after its wait gave up, for `settle`.
+    fn keep_late(&mut self, queue: usize, p: &Published, written: u32) {
+        // A hostile chain's writable buffers may lie outside guest memory.
+        let reply = self.dev.reply(p, written).unwrap_or_default();
+        self.late[queue].push(reply);
     }
 
     /// GETATTR of the root node: does the daemon still answer, and correctly?
