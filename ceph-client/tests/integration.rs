@@ -195,9 +195,17 @@ fn namespace_operations_and_errors() {
     );
     s.stx_mode = 0o644;
     m.setattr(&file_ino, &s, CEPH_SETATTR_MODE, p).unwrap();
-    // libcephfs checks search (x) permission on the parent before its type: a 0644 file
-    // gives EACCES, not ENOTDIR (the guest kernel never looks up in a non-directory anyway).
-    assert_eq!(errno(m.lookup(&file_ino, &c("x"), ALL, 0, p)), libc::EACCES);
+    // libcephfs up to 18 checks search (x) permission on the parent before its type: a 0644
+    // file gives EACCES. 20 checks the type first and gives ENOTDIR, as Linux does. The daemon
+    // answers ENOTDIR for a non-directory parent before libcephfs is asked (`dir_op`), so
+    // the guest sees Linux's errno with every release; the guest kernel never asks anyway.
+    let (_, (major, _, _)) = version();
+    let want = if major >= 20 {
+        libc::ENOTDIR
+    } else {
+        libc::EACCES
+    };
+    assert_eq!(errno(m.lookup(&file_ino, &c("x"), ALL, 0, p)), want);
     assert_eq!(
         errno(m.mkdir(&file_ino, &c("x"), 0o755, ALL, 0, p)),
         libc::EACCES
