@@ -43,8 +43,8 @@ const INJECT_KINDS: [&str; 6] = ["flip", "chmod", "stray", "mtime", "link", "tru
 /// seconds of CephFS keep them below 2^32 anyway.
 const SHARE_ARGS: &str = "--max-time 1700000000";
 /// A guest whose console is silent this long is stopped: fscheck prints a progress line every
-/// tenth of a run (1,400 operations at most, under 60 s in CI) and HANG when one operation takes
-/// 60 s.
+/// tenth of a run (1,400 operations at most, about a minute at CI's slowest) and HANG when one
+/// operation takes 60 s.
 const IDLE_SECS: u32 = 300;
 /// Who the unprivileged runs are: uid 1000 (`tester`), primary group 1000, supplementary 2000.
 const USER: &str = "1000:1000:2000";
