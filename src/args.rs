@@ -237,6 +237,14 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     pub max_handles: Option<usize>,
 
+    /// Most libcephfs inode references the daemon keeps for the inodes the guest holds (about
+    /// 2 KiB each with libcephfs's dentry and caps). Beyond it the inodes used least lately are
+    /// given back to libcephfs, which may trim them, and found again by number when the guest
+    /// next uses them (one MDS request if libcephfs trimmed them). The MDS's cache-pressure
+    /// recalls release references too. Default: 16384.
+    #[arg(long, value_name = "N")]
+    pub held_inodes: Option<usize>,
+
     /// Snapshot policy: read-only (the default), read-write or hidden.
     #[arg(long, value_enum, value_name = "POLICY")]
     pub snapshots: Option<Snapshots>,

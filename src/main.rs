@@ -77,6 +77,7 @@ fn fs_config(config: &Config) -> FsConfig {
         xattr: config.xattr,
         max_nodes: config.guest.max_nodes,
         max_handles: config.guest.max_handles,
+        held_inodes: config.guest.held_inodes,
         snapshots: config.guest.snapshots,
         allow_device_nodes: config.guest.allow_device_nodes,
         idmap: config.idmap.clone(),
@@ -147,8 +148,11 @@ fn quarantine_command(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Exi
 fn run(config: &Config) -> Result<(), RunError> {
     let root = config.ceph.root.clone();
     info!(root = %root, "mounting CephFS");
-    // The MDS's cache-pressure recalls are counted and logged (see fs::limits).
-    let recalls: Box<dyn ceph_client::CallbackHandler> = Box::new(fs::limits::RecallHandler);
+    // The MDS's cache-pressure recalls release the recalled inodes' references (fs::limits),
+    // once the filesystem exists.
+    let recall_target = fs::limits::RecallTarget::default();
+    let recalls: Box<dyn ceph_client::CallbackHandler> =
+        Box::new(fs::limits::RecallHandler::new(&recall_target));
     // Only the export's own mount carries the device's session uuid (the second session of
     // fs::side lives next to it, with the plain access).
     let session_uuid = config.ceph.session_uuid();
@@ -184,11 +188,14 @@ fn run(config: &Config) -> Result<(), RunError> {
         fsc.revocable_ttl = config.quarantine.ttl_bound();
     }
     let fs = Arc::new(CephFs::new(mount, fsc).map_err(|source| RunError::Root { root, source })?);
+    // Set once, here: the cell is new.
+    let _ = recall_target.set(Arc::downgrade(&fs));
     fs.set_migration_on_error(config.migration_on_error);
     // After an eviction, a new session like this one (fs::recover).
     let remount_root = config.ceph.root.clone();
     fs.set_remount(Box::new(move || {
-        let recalls: Box<dyn ceph_client::CallbackHandler> = Box::new(fs::limits::RecallHandler);
+        let recalls: Box<dyn ceph_client::CallbackHandler> =
+            Box::new(fs::limits::RecallHandler::new(&recall_target));
         Ok(access.mount_with(&remount_root, Some(recalls))?)
     }));
     // --handover: a running daemon of this device hands its guest's session over first.

@@ -12,6 +12,10 @@
 //! `FSCHECK_REPLAY="--seed S --ops N ..."` boots only that run on the share (with `--keep`, and
 //! a listing of the tree it left), in the modes of `FSCHECK_MODES`. `FSCHECK_DAEMON_ARGS` adds
 //! daemon options (a hunt: `--log-level debug --ceph-opt debug_client=10`).
+//!
+//! The `never` mode's daemon keeps almost no libcephfs inodes ([`MODE_DAEMON_ARGS`]): nearly
+//! every request finds its inode again by number, often from the MDS, the path a guest
+//! holding more inodes than `--held-inodes` takes.
 
 mod common;
 
@@ -46,6 +50,11 @@ const SHARE_ARGS: &str = "--max-time 1700000000";
 /// tenth of a run (1,400 operations at most, about a minute at CI's slowest) and HANG when one
 /// operation takes 60 s.
 const IDLE_SECS: u32 = 300;
+/// Daemon options of a mode beyond `--cache MODE`: `never`, where every guest operation reaches
+/// the daemon, runs with 4 held inode references and a libcephfs cache of 64 inodes, so that
+/// nodes give their inodes back all the time and find them again by number.
+const MODE_DAEMON_ARGS: [(&str, &[&str]); 1] =
+    [("never", &["--held-inodes", "4", "--inode-cache", "64"])];
 /// Who the unprivileged runs are: uid 1000 (`tester`), primary group 1000, supplementary 2000.
 const USER: &str = "1000:1000:2000";
 
@@ -210,9 +219,16 @@ fn run_mode(
     // FSCHECK_DAEMON_ARGS: more daemon options for a hunt (say `--log-level debug`).
     let more = std::env::var("FSCHECK_DAEMON_ARGS").unwrap_or_default();
     let mut args = vec!["--cache", mode];
+    for (m, extra) in MODE_DAEMON_ARGS {
+        if m == mode {
+            args.extend(extra);
+        }
+    }
     args.extend(more.split_whitespace());
     let daemon = Daemon::start(lab, &work, &export, &args);
-    println!("fscheck --cache {mode}: {n} ops as root and as {USER} (base seed {base})");
+    println!(
+        "fscheck --cache {mode}: {n} ops as root and as {USER} (base seed {base}; daemon {args:?})"
+    );
     let adds = [(lab.guest_bin.join("fscheck"), "/opt/bin/fscheck")];
     let t = Instant::now();
     // A hung operation is fscheck's watchdog's to report (HANG after 60 s, then the boot

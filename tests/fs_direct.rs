@@ -9,7 +9,7 @@ use ceph_virtiofsd::fs::CephFs;
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
 use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::{c, ctx, errno, Lab, Payload};
+use common::{c, ctx, errno, Lab, Payload, Sink};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
     common::fs_layer(lab, name)
@@ -268,4 +268,109 @@ fn o_direct_writes_reach_the_osds_before_the_reply() {
     );
     assert_eq!(std::fs::read(&out).unwrap(), data);
     fs.release(&root, ino, 0, fh, false, false, None).unwrap();
+}
+
+/// With `--held-inodes 2`, nodes the guest still holds give their libcephfs references back,
+/// and every request on them finds the inode again by number: data, attributes, xattrs, links, renames and listings are what they
+/// were, under the same node ids.
+#[test]
+fn nodes_over_held_inodes_release_their_inodes_and_find_them_again() {
+    let lab = Lab::get();
+    let name = format!("direct-held-{}", std::process::id());
+    let fs = common::fs_layer_with(&lab, &name, |cfg| cfg.held_inodes = 2);
+    let root = ctx(0, 0);
+    let d = fs.mkdir(&root, 1, &c("d"), 0o755, 0).unwrap().inode;
+    let mut files = Vec::new();
+    for i in 0..24u32 {
+        let fname = c(&format!("f{i}"));
+        let (ino, fh) = create(&fs, d, &fname, 0o644);
+        let body = format!("file {i}").into_bytes();
+        let len = body.len() as u32;
+        fs.write(
+            &root,
+            ino,
+            fh,
+            &mut Payload(body),
+            len,
+            0,
+            None,
+            false,
+            0,
+            0,
+        )
+        .unwrap();
+        fs.release(&root, ino, 0, fh, true, false, None).unwrap();
+        files.push((ino, fname));
+    }
+    let target = c("f0");
+    let link = fs.symlink(&root, &target, d, &c("sym")).unwrap().inode;
+    let (held, released, _) = fs.inode_refs();
+    assert!(
+        held <= 3,
+        "{held} references held over a limit of 2 (and the root)"
+    );
+    assert!(released >= 20, "only {released} released");
+    assert_eq!(
+        fs.node_count(),
+        1 + 1 + 24 + 1,
+        "the guest still holds every node"
+    );
+
+    for (i, (ino, fname)) in files.iter().enumerate() {
+        let (st, _) = fs.getattr(&root, *ino, None).unwrap();
+        assert_eq!(st.st_ino, *ino);
+        let want = format!("file {i}").into_bytes();
+        assert_eq!(st.st_size as usize, want.len());
+        let (fh, _, _) = fs.open(&root, *ino, libc::O_RDONLY as u32, 0).unwrap();
+        let mut sink = Sink(Vec::new());
+        fs.read(&root, *ino, fh.unwrap(), &mut sink, 64, 0, None, 0)
+            .unwrap();
+        assert_eq!(sink.0, want, "{fname:?}");
+        fs.release(&root, *ino, 0, fh.unwrap(), false, false, None)
+            .unwrap();
+        // A lookup by name finds the same node.
+        assert_eq!(fs.lookup(&root, d, fname).unwrap().inode, *ino);
+        fs.forget(&root, *ino, 1);
+    }
+    assert_eq!(fs.readlink(&root, link).unwrap(), b"f0");
+    // Attribute and xattr changes on released nodes land on the right inode.
+    let (ino, _) = files[3].clone();
+    let mut st = fs.getattr(&root, ino, None).unwrap().0;
+    st.st_mode = libc::S_IFREG | 0o600;
+    fs.setattr(&root, ino, st, None, SetattrValid::MODE)
+        .unwrap();
+    fs.setxattr(&root, ino, &c("user.k"), b"v", 0).unwrap();
+    for (other, _) in &files[4..] {
+        fs.getattr(&root, *other, None).unwrap();
+    }
+    assert_eq!(
+        fs.getattr(&root, ino, None).unwrap().0.st_mode & 0o7777,
+        0o600
+    );
+    match fs.getxattr(&root, ino, &c("user.k"), 16).unwrap() {
+        fuse_backend_rs::api::filesystem::GetxattrReply::Value(v) => assert_eq!(v, b"v"),
+        _ => panic!("getxattr of user.k: a size, not the value"),
+    }
+    // Links and renames through released directories and files.
+    let (f1, _) = files[1].clone();
+    let e = fs.link(&root, f1, 1, &c("hard")).unwrap();
+    assert_eq!((e.inode, e.attr.st_nlink), (f1, 2));
+    fs.rename(&root, d, &c("f2"), 1, &c("moved"), 0).unwrap();
+    assert_eq!(fs.lookup(&root, 1, &c("moved")).unwrap().inode, files[2].0);
+    fs.unlink(&root, d, &c("f5")).unwrap();
+    assert_eq!(errno(fs.lookup(&root, d, &c("f5"))), libc::ENOENT);
+    // A listing of a released directory.
+    let (dh, _) = fs.opendir(&root, d, 0).unwrap();
+    let mut names = Vec::new();
+    fs.readdir(&root, d, dh.unwrap(), 4096, 0, &mut |e| {
+        names.push(String::from_utf8_lossy(e.name).into_owned());
+        Ok(1)
+    })
+    .unwrap();
+    fs.releasedir(&root, d, 0, dh.unwrap()).unwrap();
+    assert!(names.contains(&"f0".to_string()) && !names.contains(&"f2".to_string()));
+    assert!(!names.contains(&"f5".to_string()));
+    let (held, _, refound) = fs.inode_refs();
+    assert!(held <= 3, "{held} held after the requests");
+    assert!(refound >= 24, "only {refound} inodes found again");
 }

@@ -82,6 +82,7 @@ pub struct FileFuse {
     pub xattr: Option<bool>,
     pub max_nodes: Option<usize>,
     pub max_handles: Option<usize>,
+    pub held_inodes: Option<usize>,
     pub snapshots: Option<cli::Snapshots>,
     pub allow_device_nodes: Option<bool>,
 }

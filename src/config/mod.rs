@@ -112,12 +112,13 @@ pub struct Config {
     pub quarantine: crate::quarantine::QuarantineConfig,
 }
 
-/// What one guest may pin and do (`--max-nodes`, `--max-handles`, `--snapshots`,
-/// `--allow-device-nodes`).
+/// What one guest may pin and do (`--max-nodes`, `--max-handles`, `--held-inodes`,
+/// `--snapshots`, `--allow-device-nodes`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GuestLimits {
     pub max_nodes: usize,
     pub max_handles: usize,
+    pub held_inodes: usize,
     pub snapshots: SnapshotPolicy,
     pub allow_device_nodes: bool,
 }
@@ -519,6 +520,12 @@ impl Config {
                 "--max-handles",
                 crate::fs::limits::DEFAULT_MAX_HANDLES,
             )?,
+            held_inodes: limit(
+                args.held_inodes,
+                file.fuse.held_inodes,
+                "--held-inodes",
+                crate::fs::limits::DEFAULT_HELD_INODES,
+            )?,
             snapshots: args
                 .snapshots
                 .or(file.fuse.snapshots)
@@ -749,12 +756,13 @@ mod tests {
             GuestLimits {
                 max_nodes: crate::fs::limits::DEFAULT_MAX_NODES,
                 max_handles: crate::fs::limits::DEFAULT_MAX_HANDLES,
+                held_inodes: crate::fs::limits::DEFAULT_HELD_INODES,
                 snapshots: SnapshotPolicy::ReadOnly,
                 allow_device_nodes: false,
             }
         );
         let file: FileConfig = toml::from_str(
-            "[fuse]\nmax-nodes = 10\nmax-handles = 20\nsnapshots = \"hidden\"\nallow-device-nodes = true\n",
+            "[fuse]\nmax-nodes = 10\nmax-handles = 20\nheld-inodes = 40\nsnapshots = \"hidden\"\nallow-device-nodes = true\n",
         )
         .unwrap();
         let args = Args::try_parse_from([
@@ -763,6 +771,8 @@ mod tests {
             "/tmp/s",
             "--max-nodes",
             "30",
+            "--held-inodes",
+            "50",
             "--snapshots",
             "read-write",
         ])
@@ -773,11 +783,16 @@ mod tests {
             GuestLimits {
                 max_nodes: 30,
                 max_handles: 20,
+                held_inodes: 50,
                 snapshots: SnapshotPolicy::ReadWrite,
                 allow_device_nodes: true,
             }
         );
-        for bad in [["--max-nodes", "0"], ["--max-handles", "0"]] {
+        for bad in [
+            ["--max-nodes", "0"],
+            ["--max-handles", "0"],
+            ["--held-inodes", "0"],
+        ] {
             let mut argv = vec!["--socket-path", "/tmp/s"];
             argv.extend(bad);
             assert!(matches!(parse(&argv), Err(ConfigError::BadLimit(..))));

@@ -164,7 +164,7 @@ impl CephFs {
         ctx: &Caller,
         perm: &ceph_client::UserPerm,
     ) -> io::Result<bool> {
-        let cur = self.mount().getattr(&node.inode, WANT, 0, perm)?;
+        let cur = self.mount().getattr(&*self.inode(node)?, WANT, 0, perm)?;
         let chown = CEPH_SETATTR_UID
             | CEPH_SETATTR_GID
             | CEPH_SETATTR_MODE
@@ -180,7 +180,7 @@ impl CephFs {
         let node = self.node_op(inode, "getattr", ctx)?;
         let st = self
             .mount()
-            .getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
+            .getattr(&*self.inode(&node)?, WANT, 0, &self.perm(ctx))?;
         Ok((
             to_stat(&st, &self.cfg.idmap),
             self.policy.ttl(self.class(&node)).attr,
@@ -227,7 +227,7 @@ impl CephFs {
         if chmod_sets_sgid(&st, mask, ctx.host_uid().get())
             && self
                 .mount()
-                .getattr(&node.inode, CEPH_STATX_UID, 0, &perm)?
+                .getattr(&*self.inode(&node)?, CEPH_STATX_UID, 0, &perm)?
                 .stx_uid
                 == ctx.host_uid().get()
         {
@@ -241,7 +241,7 @@ impl CephFs {
             }
         }
         if mask != 0 {
-            match self.mount().setattr(&node.inode, &st, mask, &perm) {
+            match self.mount().setattr(&*self.inode(&node)?, &st, mask, &perm) {
                 Ok(()) => {}
                 // libcephfs checks with the primary gid only and turns "now" into explicit
                 // times; some changes Linux allows it refuses. See `allowed_by_guest`.
@@ -250,13 +250,13 @@ impl CephFs {
                         return Err(e.into());
                     }
                     self.mount()
-                        .setattr(&node.inode, &st, mask, &self.perms.root())?;
+                        .setattr(&*self.inode(&node)?, &st, mask, &self.perms.root())?;
                 }
                 Err(e) => return Err(e.into()),
             }
         }
         self.after_setattr(&node, mask, kill)?;
-        let out = self.mount().getattr(&node.inode, WANT, 0, &perm)?;
+        let out = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
         Ok((
             to_stat(&out, &self.cfg.idmap),
             self.policy.ttl(self.class(&node)).attr,
@@ -265,7 +265,7 @@ impl CephFs {
 
     pub(super) fn do_statfs(&self, ctx: &Caller, inode: u64) -> io::Result<statvfs64> {
         let node = self.node_op(inode, "statfs", ctx)?;
-        let s = self.mount().statfs(&node.inode)?;
+        let s = self.mount().statfs(&*self.inode(&node)?)?;
         // SAFETY: statvfs64 is a plain C struct of integers (with private padding); all-zero is
         // a valid value for it.
         let mut out: statvfs64 = unsafe { std::mem::zeroed() };
@@ -287,7 +287,7 @@ impl CephFs {
         let node = self.node_op(inode, "access", ctx)?;
         let st = self
             .mount()
-            .getattr(&node.inode, WANT, 0, &self.perm(ctx))?;
+            .getattr(&*self.inode(&node)?, WANT, 0, &self.perm(ctx))?;
         access_allowed(&st, ctx.host_uid().get(), ctx.host_gid().get(), mask)
             .then_some(())
             .ok_or_else(|| errno(libc::EACCES))

@@ -44,7 +44,12 @@ impl CephFs {
         let size = |flags| -> io::Result<u64> {
             Ok(self
                 .mount()
-                .getattr(&f.node.inode, ceph_client::CEPH_STATX_SIZE, flags, &root)?
+                .getattr(
+                    &*self.inode(&f.node)?,
+                    ceph_client::CEPH_STATX_SIZE,
+                    flags,
+                    &root,
+                )?
                 .stx_size)
         };
         if end <= size(ceph_client::AT_STATX_DONT_SYNC)? {
@@ -150,7 +155,7 @@ impl CephFs {
         let keep = libc::O_ACCMODE | libc::O_APPEND;
         let flags = (oflags & keep) | libc::O_DSYNC;
         Ok(Some(self.mount().open(
-            &node.inode,
+            &*self.inode(node)?,
             flags,
             &self.perms.root(),
         )?))

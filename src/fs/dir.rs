@@ -62,7 +62,9 @@ impl CephFs {
             return Err(errno(libc::ENOTDIR));
         }
         self.handle_room("opendir")?;
-        let dir = self.mount().opendir(&node.inode, &self.perm(ctx))?;
+        let dir = self
+            .mount()
+            .opendir(&*self.inode(&node)?, &self.perm(ctx))?;
         let fh = self.new_handle(
             inode,
             Handle::Dir(Mutex::new(DirStream {
@@ -125,7 +127,7 @@ impl CephFs {
     ) -> io::Result<()> {
         let node = self.node_op(inode, "fsyncdir", ctx)?;
         self.handles.get(inode, handle).map_err(errno)?;
-        Ok(self.mount().sync_inode(&node.inode, false)?)
+        Ok(self.mount().sync_inode(&*self.inode(&node)?, false)?)
     }
 
     pub(super) fn do_releasedir(

@@ -99,10 +99,10 @@ impl CephFs {
             let Some(link) = n.link() else {
                 // A directory found by "..": its ancestry as libcephfs knows it.
                 if n.is_dir() && head {
-                    domain = match self.walk_up(&n.inode, n.vino.ino, Some(g)) {
-                        Up::Root => g.root_domain(),
-                        Up::Domain(d) => d,
-                        Up::Outside => UNSURE,
+                    domain = match self.inode(n).map(|i| self.walk_up(&i, n.vino.ino, Some(g))) {
+                        Ok(Up::Root) => g.root_domain(),
+                        Ok(Up::Domain(d)) => d,
+                        Ok(Up::Outside) | Err(_) => UNSURE,
                     };
                 }
                 break;
@@ -111,7 +111,10 @@ impl CephFs {
                 break;
             }
             if head && !n.is_dir() && g.near_denied() {
-                match self.mount().getattr(&n.inode, CEPH_STATX_NLINK, 0, &perm) {
+                match self
+                    .inode(n)
+                    .and_then(|i| Ok(self.mount().getattr(&i, CEPH_STATX_NLINK, 0, &perm)?))
+                {
                     Ok(st) if st.stx_nlink <= 1 => {}
                     _ => break,
                 }
@@ -126,9 +129,12 @@ impl CephFs {
 
     /// Whether `link.name` in `link.parent` is still inode `vino`.
     pub(super) fn link_holds(&self, link: &Link, vino: Vino, perm: &ceph_client::UserPerm) -> bool {
+        let Ok(parent) = self.inode(&link.parent) else {
+            return false;
+        };
         match self
             .mount()
-            .lookup(&link.parent.inode, &link.name, CEPH_STATX_INO, 0, perm)
+            .lookup(&parent, &link.name, CEPH_STATX_INO, 0, perm)
         {
             Ok((_, st)) => vino_of(&st) == vino,
             Err(_) => false,
@@ -231,7 +237,10 @@ impl CephFs {
         if !g.any_denied() {
             return false;
         }
-        match self.mount().lookup(&dir.inode, name, WANT, 0, perm) {
+        let Ok(inode) = self.inode(dir) else {
+            return false;
+        };
+        match self.mount().lookup(&inode, name, WANT, 0, perm) {
             Ok((_, st)) => g.denied(self.child_domain(dir, &st).0),
             Err(_) => false,
         }

@@ -91,7 +91,7 @@ impl CephFs {
                 kind: node.kind,
                 domain: self.domain_stamp(node),
                 link: node.link(),
-                inode: node.inode.try_clone()?,
+                inode: self.inode(node)?.try_clone()?,
             },
             "lookup",
         )?;
@@ -101,10 +101,12 @@ impl CephFs {
     /// Enter a node; ENFILE, counted, when the guest holds `--max-nodes` nodes and this
     /// would be a new one.
     fn insert_node(&self, new: NewNode<Inode>, op: &'static str) -> io::Result<Arc<Node>> {
-        self.nodes.insert(new).map_err(|e| {
+        let node = self.nodes.insert(new).map_err(|e| {
             self.limits.refused(Table::Nodes, self.cfg.max_nodes, op);
             errno(e)
-        })
+        })?;
+        self.bound_held_inodes();
+        Ok(node)
     }
 
     /// Snapshot policy: EROFS for a namespace change in a `.snap` directory unless the guest
@@ -155,7 +157,10 @@ impl CephFs {
         perm: &ceph_client::UserPerm,
     ) -> io::Result<RenameTarget> {
         let want = CEPH_STATX_INO | CEPH_STATX_NLINK | CEPH_STATX_MODE;
-        match self.mount().lookup(&new.inode, newname, want, 0, perm) {
+        match self
+            .mount()
+            .lookup(&*self.inode(new)?, newname, want, 0, perm)
+        {
             Ok(_) if old.vino.snapid != nodes::NOSNAP || new.vino.snapid != nodes::NOSNAP => {
                 Ok(RenameTarget::Other)
             }
@@ -185,10 +190,12 @@ impl CephFs {
         }
         let root = self.perms.root();
         let mut buf = [0u8; 32];
-        if let Err(e) = self
-            .mount()
-            .getxattr(&old.inode, c"ceph.dir.subdirs", &mut buf, &root)
-        {
+        let got = self.inode(old).and_then(|i| {
+            Ok(self
+                .mount()
+                .getxattr(&i, c"ceph.dir.subdirs", &mut buf, &root)?)
+        });
+        if let Err(e) = got {
             tracing::debug!(%e, ino = old.vino.ino, "refreshing a directory after a rename");
         }
     }
@@ -197,14 +204,18 @@ impl CephFs {
         let perm = self.perm(ctx);
         let bytes = name.to_bytes();
         if bytes == b"." {
-            let st = self.mount().getattr(&parent.inode, WANT, 0, &perm)?;
+            let st = self
+                .mount()
+                .getattr(&*self.inode(parent)?, WANT, 0, &perm)?;
             return self.same_entry(parent, &st);
         }
         // ".." never reaches libcephfs from the guest: see `lookup_parent`.
         if bytes == b".." {
             return self.lookup_parent(parent, ctx);
         }
-        let (inode, st) = self.mount().lookup(&parent.inode, name, WANT, 0, &perm)?;
+        let (inode, st) = self
+            .mount()
+            .lookup(&*self.inode(parent)?, name, WANT, 0, &perm)?;
         self.child_entry(
             parent,
             bytes,
@@ -237,7 +248,9 @@ impl CephFs {
         } else if let Some(l) = link.filter(|l| self.link_holds(l, node.vino, &perm)) {
             l.parent
         } else {
-            let (inode, st) = self.mount().lookup(&node.inode, c"..", WANT, 0, &perm)?;
+            let (inode, st) = self
+                .mount()
+                .lookup(&*self.inode(node)?, c"..", WANT, 0, &perm)?;
             let vino = vino_of(&st);
             if vino == self.nodes.root_vino() {
                 self.nodes.get(ROOT_ID).ok_or_else(|| errno(libc::ESTALE))?
@@ -279,7 +292,7 @@ impl CephFs {
             }
         };
         self.gate(self.domain_of(&up), "lookup", ctx.guest_uid())?;
-        let st = self.mount().getattr(&up.inode, WANT, 0, &perm)?;
+        let st = self.mount().getattr(&*self.inode(&up)?, WANT, 0, &perm)?;
         self.same_entry(&up, &st)
     }
 
@@ -309,7 +322,9 @@ impl CephFs {
 
     pub(super) fn do_readlink(&self, ctx: &Caller, inode: u64) -> io::Result<Vec<u8>> {
         let node = self.node_op(inode, "readlink", ctx)?;
-        Ok(self.mount().readlink(&node.inode, &self.perm(ctx))?)
+        Ok(self
+            .mount()
+            .readlink(&*self.inode(&node)?, &self.perm(ctx))?)
     }
 
     pub(super) fn do_symlink(
@@ -326,9 +341,14 @@ impl CephFs {
         let parent = self.dir_op(parent, "symlink", ctx)?;
         self.snapdir_change(&parent)?;
         self.node_room("symlink")?;
-        let (inode, st) =
-            self.mount()
-                .symlink(&parent.inode, name, linkname, WANT, 0, &self.perm(ctx))?;
+        let (inode, st) = self.mount().symlink(
+            &*self.inode(&parent)?,
+            name,
+            linkname,
+            WANT,
+            0,
+            &self.perm(ctx),
+        )?;
         self.child_entry(&parent, name.to_bytes(), inode, &st, "symlink", None)
     }
 
@@ -346,7 +366,7 @@ impl CephFs {
         self.snapdir_change(&parent)?;
         self.node_room("mknod")?;
         let (inode, st) = self.mount().mknod(
-            &parent.inode,
+            &*self.inode(&parent)?,
             name,
             mode,
             u64::from(rdev),
@@ -368,9 +388,14 @@ impl CephFs {
         let parent = self.dir_op(parent, "mkdir", ctx)?;
         self.snapdir_change(&parent)?;
         self.node_room("mkdir")?;
-        let (inode, st) =
-            self.mount()
-                .mkdir(&parent.inode, name, mode & 0o7777, WANT, 0, &self.perm(ctx))?;
+        let (inode, st) = self.mount().mkdir(
+            &*self.inode(&parent)?,
+            name,
+            mode & 0o7777,
+            WANT,
+            0,
+            &self.perm(ctx),
+        )?;
         self.child_entry(&parent, name.to_bytes(), inode, &st, "mkdir", None)
     }
 
@@ -378,7 +403,8 @@ impl CephFs {
         self.changed_name(name, names::Change::Unlink)?;
         let parent = self.dir_op(parent, "unlink", ctx)?;
         self.snapdir_change(&parent)?;
-        self.mount().unlink(&parent.inode, name, &self.perm(ctx))?;
+        self.mount()
+            .unlink(&*self.inode(&parent)?, name, &self.perm(ctx))?;
         Ok(())
     }
 
@@ -390,7 +416,7 @@ impl CephFs {
         if self.names_denied_root(&parent, name, &perm) {
             return Err(errno(libc::EACCES));
         }
-        self.mount().rmdir(&parent.inode, name, &perm)?;
+        self.mount().rmdir(&*self.inode(&parent)?, name, &perm)?;
         Ok(())
     }
 
@@ -420,9 +446,9 @@ impl CephFs {
         // looked up first for libcephfs too: a rename of a name that does not exist can leave
         // its dentry marked as being renamed, and every later lookup of the name then waits
         // forever (ceph-client/tests/quirks.rs).
-        let (_, from) = self
-            .mount()
-            .lookup(&old.inode, oldname, CEPH_STATX_INO, 0, &perm)?;
+        let (_, from) =
+            self.mount()
+                .lookup(&*self.inode(&old)?, oldname, CEPH_STATX_INO, 0, &perm)?;
         match flags {
             // POSIX: a rename between two links of one file (or of a name onto itself) does
             // nothing. Linux's VFS checks it before asking the filesystem, but a guest whose
@@ -447,7 +473,10 @@ impl CephFs {
             // Another client creating the target between the two steps is not caught; within
             // one guest the kernel's directory locks serialise the two.
             f if f == libc::RENAME_NOREPLACE => {
-                match self.mount().lookup(&new.inode, newname, 0, 0, &perm) {
+                match self
+                    .mount()
+                    .lookup(&*self.inode(&new)?, newname, 0, 0, &perm)
+                {
                     Ok(_) => return Err(errno(libc::EEXIST)),
                     Err(e) if e.errno() == libc::ENOENT => {}
                     Err(e) => return Err(e.into()),
@@ -456,8 +485,13 @@ impl CephFs {
             // RENAME_EXCHANGE cannot be done atomically through libcephfs; WHITEOUT is overlayfs'.
             _ => return Err(errno(libc::EINVAL)),
         }
-        self.mount()
-            .rename(&old.inode, oldname, &new.inode, newname, &perm)?;
+        self.mount().rename(
+            &*self.inode(&old)?,
+            oldname,
+            &*self.inode(&new)?,
+            newname,
+            &perm,
+        )?;
         self.after_rename(&old, &new);
         self.forget_stale_source(&old, oldname, from.stx_ino, &perm);
         Ok(())
@@ -483,7 +517,9 @@ impl CephFs {
     ) {
         let still_listed = || {
             matches!(
-                self.mount().lookup(&old.inode, oldname, CEPH_STATX_INO, 0, perm),
+                self.inode(old).and_then(|i| {
+                    Ok(self.mount().lookup(&i, oldname, CEPH_STATX_INO, 0, perm)?)
+                }),
                 Ok((_, st)) if st.stx_ino == moved
             )
         };
@@ -518,8 +554,8 @@ impl CephFs {
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
         self.mount()
-            .link(&node.inode, &parent.inode, newname, &perm)?;
-        let st = self.mount().getattr(&node.inode, WANT, 0, &perm)?;
+            .link(&*self.inode(&node)?, &*self.inode(&parent)?, newname, &perm)?;
+        let st = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
         self.same_entry(&node, &st)
     }
 }

@@ -25,9 +25,13 @@ impl CephFs {
     /// answer must not depend on whether the caller may read the file's xattrs.
     fn has_caps(&self, node: &Node, _perm: &ceph_client::UserPerm) -> bool {
         let name = c"security.capability";
+        // An inode that cannot be found again: assume it has them (the safe answer).
+        let Ok(inode) = self.inode(node) else {
+            return true;
+        };
         match self
             .mount()
-            .getxattr(&node.inode, name, &mut [], &self.perms.root())
+            .getxattr(&inode, name, &mut [], &self.perms.root())
         {
             Ok(_) => true,
             Err(e) => e.errno() != libc::ENODATA,
@@ -49,14 +53,14 @@ impl CephFs {
             // window it can have (libcephfs answers under the As cap, no MDS request).
             let cur = u32::from(
                 self.mount()
-                    .getattr(&node.inode, CEPH_STATX_MODE, 0, &root)?
+                    .getattr(&*self.inode(node)?, CEPH_STATX_MODE, 0, &root)?
                     .stx_mode,
             );
             match killpriv::kill_suidgid(cur) {
                 None => {}
                 Some(m) if killpriv::mds_kill_sguid(cur) == m => {
                     self.mount().setattr(
-                        &node.inode,
+                        &*self.inode(node)?,
                         &Statx::default(),
                         CEPH_SETATTR_KILL_SGUID,
                         &root,
@@ -72,14 +76,14 @@ impl CephFs {
                         ..Default::default()
                     };
                     self.mount()
-                        .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?;
+                        .setattr(&*self.inode(node)?, &st, CEPH_SETATTR_MODE, &root)?;
                 }
             }
         }
         if kill.remove_caps {
             match self
                 .mount()
-                .removexattr(&node.inode, c"security.capability", &root)
+                .removexattr(&*self.inode(node)?, c"security.capability", &root)
             {
                 Ok(()) => {}
                 // Gone already (libcephfs says ENOENT when the inode carries other xattrs).
@@ -108,7 +112,7 @@ impl CephFs {
         let mode = if flagged {
             u32::from(
                 self.mount()
-                    .getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?
+                    .getattr(&*self.inode(node)?, CEPH_STATX_MODE, 0, perm)?
                     .stx_mode,
             )
         } else {
@@ -131,7 +135,7 @@ impl CephFs {
         let root = self.perms.root();
         let now = u32::from(
             self.mount()
-                .getattr(&node.inode, CEPH_STATX_MODE, 0, &root)?
+                .getattr(&*self.inode(node)?, CEPH_STATX_MODE, 0, &root)?
                 .stx_mode,
         );
         let Some(mode) = special_bits_after(before, now, want) else {
@@ -143,7 +147,7 @@ impl CephFs {
         };
         Ok(self
             .mount()
-            .setattr(&node.inode, &st, CEPH_SETATTR_MODE, &root)?)
+            .setattr(&*self.inode(node)?, &st, CEPH_SETATTR_MODE, &root)?)
     }
 
     /// Mode bits a chown or truncate must clear, or keep. SB_NOSEC contract: clear
@@ -174,7 +178,7 @@ impl CephFs {
         if !node.is_dir() && mask & CEPH_SETATTR_MODE == 0 && (killpriv || size_or_owner) {
             let cur = u32::from(
                 self.mount()
-                    .getattr(&node.inode, CEPH_STATX_MODE, 0, perm)?
+                    .getattr(&*self.inode(node)?, CEPH_STATX_MODE, 0, perm)?
                     .stx_mode,
             );
             let trigger = if mask & CEPH_SETATTR_SIZE != 0 {
@@ -211,7 +215,7 @@ impl CephFs {
         // removed in it meanwhile (`touch -d 2001-01-01 D; mkdir D/x` left D at 2001): flush
         // them now. One MDS round trip, for explicit directory times only.
         if node.is_dir() && mask & (CEPH_SETATTR_MTIME | CEPH_SETATTR_ATIME) != 0 {
-            self.mount().sync_inode(&node.inode, false)?;
+            self.mount().sync_inode(&*self.inode(node)?, false)?;
         }
         if let Some((before, want)) = kill.special_after {
             self.put_special_bits(node, before, want)?;

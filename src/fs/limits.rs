@@ -13,15 +13,16 @@
 //! guest looks them up when it needs them), so listings keep working.
 //!
 //! The MDS's recall (`ino_release_cb`): under cache pressure it asks the client to drop inode
-//! references, and libcephfs passes the request on for the inodes only the application holds.
-//! The daemon holds exactly one reference per node the guest holds, and no more; it can only
-//! give it up when the guest sends FORGET. Asking the guest to forget would take a FUSE
-//! notification (FUSE_NOTIFY_INVAL_ENTRY), and virtio-fs in Linux has no notification queue,
-//! so the daemon cannot send one. The recall is counted and logged, so an operator sees which
-//! guest keeps the MDS from trimming; the node limit is what bounds it.
+//! references, and libcephfs passes the request on for the inodes the application holds. The
+//! node of a recalled inode gives its reference up (unless it is pinned: the export root, a
+//! snapshot inode) and finds the inode again by number when the guest next uses it; the guest
+//! keeps its node id and notices nothing but the round trip. The same happens to the nodes
+//! used least lately whenever the table holds more than `--held-inodes` references, so what a
+//! guest's dentry cache holds costs the daemon a node (about 130 bytes), not a libcephfs inode
+//! (about 1.9 KiB with its dentry and caps), and libcephfs can trim to its `--inode-cache`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// Default `--max-nodes`: above what a guest's dentry cache holds in ordinary use, below the
@@ -30,6 +31,9 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_MAX_NODES: usize = 500_000;
 /// Default `--max-handles`: far above what guest processes keep open in ordinary use.
 pub const DEFAULT_MAX_HANDLES: usize = 100_000;
+/// Default `--held-inodes`: libcephfs's own default inode cache size; with `--inode-cache` at
+/// its default too, about 64 MiB of libcephfs inodes however many nodes the guest holds.
+pub const DEFAULT_HELD_INODES: usize = 16_384;
 
 /// Lines per second a [`Throttle`] lets through.
 const LINES_PER_SEC: u32 = 5;
@@ -120,18 +124,41 @@ pub fn recalls() -> u64 {
     crate::metrics::global().mds_recalls()
 }
 
+/// Where the MDS's recalls go: the filesystem, once it is built (the mount, and its callbacks,
+/// come first). Shared by the handlers of the first mount and of every remount.
+pub type RecallTarget = Arc<OnceLock<Weak<super::CephFs>>>;
+
 /// The libcephfs callback handler of the export's mount: it takes the MDS's cache-pressure
-/// recalls (see the module documentation for why they cannot be honoured) and nothing else.
+/// recalls (see the module documentation) and nothing else.
 #[derive(Debug, Default)]
-pub struct RecallHandler;
+pub struct RecallHandler {
+    target: RecallTarget,
+}
+
+impl RecallHandler {
+    /// A handler passing recalls to what `target` is set to.
+    pub fn new(target: &RecallTarget) -> Self {
+        RecallHandler {
+            target: target.clone(),
+        }
+    }
+}
 
 impl ceph_client::CallbackHandler for RecallHandler {
     fn wants_invalidations(&self) -> bool {
         false
     }
 
+    /// Called on libcephfs's releasor thread, without its client lock: the reference can be
+    /// put from here.
     fn release_inode(&self, vino: ceph_client::Vino) {
         crate::metrics::mds_inode_recalled();
+        let released = self.target.get().and_then(Weak::upgrade).is_some_and(|fs| {
+            fs.release_recalled(super::Vino {
+                ino: vino.ino,
+                snapid: vino.snapid,
+            })
+        });
         let mut log = RECALL_LOG.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(suppressed) = log
             .get_or_insert_with(Throttle::default)
@@ -139,8 +166,10 @@ impl ceph_client::CallbackHandler for RecallHandler {
         {
             tracing::info!(
                 ino = vino.ino,
+                released,
                 suppressed_before = suppressed,
-                "MDS asks to release an inode the guest holds: released when the guest forgets it"
+                "MDS recalls an inode the guest holds: its reference is released (found again \
+                 by number when the guest uses it) unless it is the export root or a snapshot"
             );
         }
     }
@@ -177,7 +206,7 @@ mod tests {
     #[test]
     fn hostile_mds_recalls_are_counted_and_only_recalls_are_taken() {
         use ceph_client::CallbackHandler;
-        let h = RecallHandler;
+        let h = RecallHandler::default();
         assert!(!h.wants_invalidations());
         let before = recalls();
         let vino = ceph_client::Vino {

@@ -40,7 +40,7 @@ mod xattr;
 use arc_swap::ArcSwap;
 use std::ffi::{CStr, CString};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -120,6 +120,9 @@ pub struct FsConfig {
     pub max_nodes: usize,
     /// Most open handles the guest may hold (see [`limits`]).
     pub max_handles: usize,
+    /// Most libcephfs inode references the node table keeps (`--held-inodes`); beyond it the
+    /// nodes used least lately release theirs ([`NodeTable::trim`]).
+    pub held_inodes: usize,
     /// What the guest may do in `.snap` directories.
     pub snapshots: SnapshotPolicy,
     /// Let MKNOD create character and block device nodes.
@@ -143,6 +146,7 @@ impl Default for FsConfig {
             quarantine: None,
             max_nodes: limits::DEFAULT_MAX_NODES,
             max_handles: limits::DEFAULT_MAX_HANDLES,
+            held_inodes: limits::DEFAULT_HELD_INODES,
             snapshots: SnapshotPolicy::default(),
             allow_device_nodes: false,
             second_session: None,
@@ -168,6 +172,12 @@ pub struct CephFs {
     cached: cached::CachedInodes,
     /// Refusals at the node and handle limits.
     limits: LimitStats,
+    /// Node references released to keep `held_inodes` (trims and MDS recalls), and inodes
+    /// found again by number after one.
+    nodes_released: AtomicU64,
+    nodes_refound: AtomicU64,
+    /// A request is trimming the node table (one at a time; the others go on).
+    trimming: AtomicBool,
     /// Short second sessions, for renames over hard links.
     side: side::SideClient,
     /// The snapshot directory's name (libcephfs's `client_snapdir`).
@@ -269,6 +279,9 @@ impl CephFs {
             killpriv: AtomicBool::new(false),
             cached: cached::CachedInodes::default(),
             limits: LimitStats::default(),
+            nodes_released: AtomicU64::new(0),
+            nodes_refound: AtomicU64::new(0),
+            trimming: AtomicBool::new(false),
             migration: state::Migration::default(),
             recovery: recover::Recovery::default(),
         })
@@ -282,6 +295,39 @@ impl CephFs {
     /// Node table size (for metrics and tests).
     pub fn node_count(&self) -> usize {
         self.nodes.len()
+    }
+
+    /// Libcephfs inode references: (held now, released so far, found again so far).
+    pub fn inode_refs(&self) -> (usize, u64, u64) {
+        (
+            self.nodes.held(),
+            self.nodes_released.load(Ordering::Relaxed),
+            self.nodes_refound.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The MDS recalled `vino` (cache pressure): the node holding it gives its reference up
+    /// unless it is pinned; found again by number on its next use.
+    pub fn release_recalled(&self, vino: Vino) -> bool {
+        let released = self.nodes.release_vino(vino);
+        if released {
+            self.nodes_released.fetch_add(1, Ordering::Relaxed);
+        }
+        released
+    }
+
+    /// Keep the references the node table holds within `held_inodes`: over it, the request
+    /// that notices trims the table down by a sixteenth of the limit (one request at a time;
+    /// the rest go on). A load of one counter when under the limit.
+    fn bound_held_inodes(&self) {
+        let limit = self.cfg.held_inodes;
+        if self.nodes.held() <= limit || self.trimming.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let released = self.nodes.trim(limit - limit / 16);
+        self.nodes_released
+            .fetch_add(len64(released), Ordering::Relaxed);
+        self.trimming.store(false, Ordering::Release);
     }
 
     /// Handle table size (for metrics and tests).
@@ -314,6 +360,31 @@ impl CephFs {
     fn node(&self, id: u64) -> io::Result<Arc<Node>> {
         // An id the guest never got (or already forgot) is a stale handle, not a dereference.
         self.nodes.get(id).ok_or_else(|| errno(libc::ESTALE))
+    }
+
+    /// A node's libcephfs inode: the reference it holds, or, if it released it
+    /// ([`NodeTable::trim`]), the inode found again by number (libcephfs's cache, else one MDS
+    /// round trip) and held again. An inode gone meanwhile (deleted by another client, and no
+    /// handle keeps it) is ESTALE, as for an id the guest forgot.
+    fn inode(&self, node: &Node) -> io::Result<Arc<Inode>> {
+        if let Some(inode) = node.inode() {
+            return Ok(inode);
+        }
+        let inode = node.inode_or_else(|vino| {
+            if vino.snapid != NOSNAP {
+                // Snapshot nodes never release theirs (nodes): not reached.
+                return Err(errno(libc::ESTALE));
+            }
+            self.nodes_refound.fetch_add(1, Ordering::Relaxed);
+            self.mount()
+                .lookup_inode(vino.ino)
+                .map_err(|e| match e.errno() {
+                    libc::ENOENT => errno(libc::ESTALE),
+                    _ => e.into(),
+                })
+        })?;
+        self.bound_held_inodes();
+        Ok(inode)
     }
 
     /// The caller of a request: where its credentials become CephFS ids (see [`perms`]).

@@ -15,11 +15,19 @@
 //! Kernel contract: every `Entry` we return adds one lookup; FORGET takes `count` away; at zero
 //! the node leaves the table and its libcephfs reference is released (when the last `Arc` goes,
 //! e.g. after an open handle on it is released).
+//!
+//! A node's libcephfs reference is not held for as long as the guest holds the node: a guest
+//! with a warm dentry cache holds every inode it ever walked, and libcephfs cannot trim an inode
+//! it has a reference on (about 1.9 KiB each with its dentry and caps). The table keeps at most
+//! a set number of references ([`NodeTable::trim`], second chance over a used bit); a node
+//! whose reference was released keeps its vino and finds its inode again on its next use
+//! ([`Node::inode_or_else`]: libcephfs's cache, or one MDS round trip). The export root and
+//! snapshot inodes always keep theirs (a snapshot inode cannot be found again by number alone).
 
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::shards::Shards;
@@ -64,7 +72,15 @@ pub struct Node<T> {
     /// are derived along, each link confirmed by a lookup of its name. Holding the parent
     /// keeps its libcephfs reference, as libcephfs's dentry would. Cold paths only.
     link: Mutex<Option<Link<T>>>,
-    pub inode: T,
+    /// The libcephfs reference, when held (see the module doc). Locked only to clone, fill or
+    /// take the `Arc`, never across a call into libcephfs.
+    inode: Mutex<Option<Arc<T>>>,
+    /// Used since the last trim sweep passed it (second chance).
+    used: AtomicBool,
+    /// Never releases its reference: the export root and snapshot inodes.
+    pinned: bool,
+    /// The table's count of held references (shared: a node can outlive its table entry).
+    held: Arc<AtomicUsize>,
     lookups: AtomicU64,
 }
 
@@ -87,6 +103,14 @@ impl<T> Clone for Link<T> {
 impl<T> Drop for Node<T> {
     /// Parent chains are as deep as the paths: release them iteratively, not by recursion.
     fn drop(&mut self) {
+        if self
+            .inode
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
         let take = |m: &mut Mutex<Option<Link<T>>>| {
             m.get_mut()
                 .unwrap_or_else(|e| e.into_inner())
@@ -122,6 +146,76 @@ impl<T> Node<T> {
     /// Where the node was last found (see the field).
     pub fn link(&self) -> Option<Link<T>> {
         self.link.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The libcephfs reference, if the node holds it now (marks the node used).
+    pub fn inode(&self) -> Option<Arc<T>> {
+        self.touch();
+        self.inode.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The libcephfs reference: the one held, or one found again by `resolve` (called with
+    /// the node's vino, outside every lock) and kept. Marks the node used.
+    pub fn inode_or_else<E>(
+        &self,
+        resolve: impl FnOnce(Vino) -> Result<T, E>,
+    ) -> Result<Arc<T>, E> {
+        if let Some(i) = self.inode() {
+            return Ok(i);
+        }
+        let found = Arc::new(resolve(self.vino)?);
+        Ok(self.fill(found))
+    }
+
+    /// Keep `inode` as the node's reference unless it holds one already; the one kept. A
+    /// reference not kept is released by the caller, outside the lock.
+    fn fill(&self, inode: Arc<T>) -> Arc<T> {
+        let mut slot = self.inode.lock().unwrap_or_else(|e| e.into_inner());
+        match &*slot {
+            Some(held) => held.clone(),
+            None => {
+                self.held.fetch_add(1, Ordering::Relaxed);
+                *slot = Some(inode.clone());
+                inode
+            }
+        }
+    }
+
+    /// Whether the node holds its libcephfs reference now.
+    pub fn holds_inode(&self) -> bool {
+        self.inode
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+
+    /// Release the libcephfs reference (not for a pinned node); whether one was released.
+    /// A request using the inode keeps its own `Arc` until it is done.
+    pub fn release(&self) -> bool {
+        if self.pinned {
+            return false;
+        }
+        let old = self.inode.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if old.is_some() {
+            self.held.fetch_sub(1, Ordering::Relaxed);
+        }
+        // `old` drops here, after the lock: the last reference goes back to libcephfs.
+        old.is_some()
+    }
+
+    /// Whether the node was used since the last sweep (the bit is cleared for the next).
+    fn second_chance(&self) -> bool {
+        self.used.load(Ordering::Relaxed) && {
+            self.used.store(false, Ordering::Relaxed);
+            true
+        }
+    }
+
+    fn touch(&self) {
+        // A load first: a node used by every request (a shared directory) is not written to.
+        if !self.used.load(Ordering::Relaxed) {
+            self.used.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Record a derived domain (see [`Node::domain_at`]).
@@ -176,15 +270,19 @@ pub struct NewNode<T> {
 }
 
 impl<T> NewNode<T> {
-    /// The node with id `id` and `lookups` lookups.
-    fn into_node(self, id: u64, lookups: u64) -> Arc<Node<T>> {
+    /// The node with id `id` and `lookups` lookups, counted in `held`.
+    fn into_node(self, id: u64, lookups: u64, held: &Arc<AtomicUsize>) -> Arc<Node<T>> {
+        held.fetch_add(1, Ordering::Relaxed);
         Arc::new(Node {
             id,
             vino: self.vino,
             kind: self.kind,
             domain: AtomicU64::new(pack(self.domain)),
             link: Mutex::new(self.link),
-            inode: self.inode,
+            inode: Mutex::new(Some(Arc::new(self.inode))),
+            used: AtomicBool::new(true),
+            pinned: id == ROOT_ID || self.vino.snapid != NOSNAP,
+            held: held.clone(),
             lookups: AtomicU64::new(lookups),
         })
     }
@@ -203,6 +301,10 @@ pub struct NodeTable<T> {
     /// Most nodes the table holds (root included); an insert of a new node beyond it fails
     /// with ENFILE. `usize::MAX`: no limit.
     max: AtomicUsize,
+    /// Nodes (in the table or still used by a request) holding their libcephfs reference.
+    held: Arc<AtomicUsize>,
+    /// Where the next trim sweep starts (a shard index).
+    sweep: AtomicUsize,
 }
 
 impl<T> NodeTable<T> {
@@ -215,9 +317,11 @@ impl<T> NodeTable<T> {
             next_id: AtomicU64::new(ALLOCATED_BIT | 2),
             count: AtomicUsize::new(1),
             max: AtomicUsize::new(usize::MAX),
+            held: Arc::new(AtomicUsize::new(0)),
+            sweep: AtomicUsize::new(0),
         };
         // The root is never forgotten (the kernel never sends FORGET for it), and has no link.
-        let node = NewNode { link: None, ..root }.into_node(ROOT_ID, 1);
+        let node = NewNode { link: None, ..root }.into_node(ROOT_ID, 1, &t.held);
         t.shard(ROOT_ID)
             .write()
             .unwrap_or_else(|e| e.into_inner())
@@ -294,6 +398,15 @@ impl<T> NodeTable<T> {
         if let Some(n) = shard.get(&id) {
             n.lookups.fetch_add(1, Ordering::Relaxed);
             let n = n.clone();
+            // A node that had released its reference takes the one just found; otherwise the
+            // duplicate is released (after the shard lock).
+            let dup = if n.holds_inode() {
+                Some(new.inode)
+            } else {
+                n.fill(Arc::new(new.inode));
+                None
+            };
+            n.touch();
             // A head inode found again is where it was found last (renamed since, or another
             // link of a file); a snapshot does not change. The old link is released after
             // the shard lock.
@@ -307,6 +420,7 @@ impl<T> NodeTable<T> {
             };
             drop(shard);
             drop(old);
+            drop(dup);
             return Ok(n);
         }
         let max = self.max.load(Ordering::Relaxed);
@@ -314,7 +428,7 @@ impl<T> NodeTable<T> {
             self.count.fetch_sub(1, Ordering::Relaxed);
             return Err(libc::ENFILE);
         }
-        let node = new.into_node(id, 1);
+        let node = new.into_node(id, 1, &self.held);
         shard.insert(id, node.clone());
         Ok(node)
     }
@@ -385,7 +499,7 @@ impl<T> NodeTable<T> {
             return Err(libc::EEXIST);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
-        let node = new.into_node(id, lookups.max(1));
+        let node = new.into_node(id, lookups.max(1), &self.held);
         shard.insert(id, node.clone());
         Ok(node)
     }
@@ -407,11 +521,67 @@ impl<T> NodeTable<T> {
             link: None,
             inode,
         }
-        .into_node(ROOT_ID, 1);
+        .into_node(ROOT_ID, 1, &self.held);
         shard.insert(ROOT_ID, node);
         drop(shard);
         // The old root's inode is released here, outside the lock.
         drop(old);
+    }
+
+    /// Nodes holding their libcephfs reference now.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Relaxed)
+    }
+
+    /// Release the libcephfs references of nodes not used lately until at most `keep` are
+    /// held; the number released. Second chance: a sweep clears the used bit of each node it
+    /// passes and releases the reference of a node whose bit was already clear, so a node
+    /// keeps its reference while it is used at least once per sweep. Shards are swept in
+    /// turn, from where the last trim stopped, at most twice round (the second time every bit
+    /// the first cleared is seen); each shard's read lock is held only to pick, and the
+    /// references are released after it.
+    pub fn trim(&self, keep: usize) -> usize {
+        let mut released = 0;
+        for _ in 0..2 * SHARDS {
+            let over = self.held().saturating_sub(keep);
+            if over == 0 {
+                break;
+            }
+            let i = self.sweep.fetch_add(1, Ordering::Relaxed) % SHARDS;
+            let victims: Vec<Arc<Node<T>>> = {
+                let shard = self
+                    .shards
+                    .get(u64::try_from(i).unwrap_or(0))
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner());
+                shard
+                    .values()
+                    .filter(|n| !n.pinned && !n.second_chance() && n.holds_inode())
+                    .take(over)
+                    .cloned()
+                    .collect()
+            };
+            released += victims.iter().filter(|n| n.release()).count();
+        }
+        released
+    }
+
+    /// Release the reference of the node of `vino`, if any (the MDS recalled the inode);
+    /// whether one was released.
+    pub fn release_vino(&self, vino: Vino) -> bool {
+        let id = match self.direct_id(vino) {
+            Some(id) => id,
+            None => match self
+                .allocated
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&vino)
+            {
+                Some(&id) => id,
+                None => return false,
+            },
+        };
+        self.get(id).is_some_and(|n| n.vino == vino && n.release())
     }
 
     /// Number of nodes in the table.
@@ -708,5 +878,194 @@ mod tests {
         t.clear();
         assert!(t.has_room());
         assert_eq!(t.count.load(Ordering::Relaxed), 1);
+    }
+
+    /// Nodes holding their reference now (the root included).
+    fn holding(t: &NodeTable<Ref>) -> usize {
+        t.snapshot().iter().filter(|n| n.holds_inode()).count() + 1
+    }
+
+    #[test]
+    fn cold_nodes_release_their_references_and_find_them_again() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let nodes: Vec<_> = (0..100u64)
+            .map(|i| ins(&t, new(head(0x100 + i), &d)))
+            .collect();
+        assert_eq!(t.held(), 101);
+        // Every node is freshly used: the first sweep gives each its second chance, the second
+        // releases.
+        let released = t.trim(10);
+        assert_eq!(released, 91);
+        assert_eq!(t.held(), 10);
+        assert_eq!(holding(&t), 10);
+        assert_eq!(d.load(Ordering::Relaxed), 91, "each released exactly once");
+        // A released node keeps its id and lookups, and finds its inode again on its next use.
+        let cold = nodes.iter().find(|n| !n.holds_inode()).unwrap();
+        assert!(cold.inode().is_none());
+        let mut asked = Vec::new();
+        let got = cold
+            .inode_or_else(|v| {
+                asked.push(v);
+                Ok::<_, i32>(Ref(d.clone()))
+            })
+            .unwrap();
+        assert_eq!(asked, vec![cold.vino]);
+        assert_eq!(t.held(), 11);
+        // Held now: the next use takes the same reference, resolving nothing.
+        let again = cold
+            .inode_or_else(|_| -> Result<Ref, i32> { panic!("resolved twice") })
+            .unwrap();
+        assert!(Arc::ptr_eq(&got, &again));
+        // A failed resolve changes nothing.
+        let other = nodes.iter().find(|n| !n.holds_inode()).unwrap();
+        assert_eq!(
+            other.inode_or_else(|_| Err(libc::ESTALE)).unwrap_err(),
+            libc::ESTALE
+        );
+        assert!(!other.holds_inode());
+        assert_eq!(t.held(), 11);
+    }
+
+    #[test]
+    fn a_node_used_between_sweeps_keeps_its_reference() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let nodes: Vec<_> = (0..64u64)
+            .map(|i| ins(&t, new(head(0x100 + i), &d)))
+            .collect();
+        assert_eq!(t.trim(65), 0, "under the limit a trim does nothing");
+        // As after a sweep that cleared every bit, then one node used again.
+        for n in &nodes {
+            n.used.store(false, Ordering::Relaxed);
+        }
+        let hot = &nodes[7];
+        assert!(hot.inode().is_some());
+        assert_eq!(t.trim(2), 63, "every cold node goes, the hot one stays");
+        assert!(hot.holds_inode());
+        assert_eq!(
+            t.trim(1),
+            1,
+            "not used since its second chance: it goes next"
+        );
+        assert!(!hot.holds_inode());
+        assert_eq!(t.held(), 1, "the root");
+    }
+
+    #[test]
+    fn the_root_and_snapshots_keep_their_references() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(0x1000, &d);
+        let snap = ins(
+            &t,
+            new(
+                Vino {
+                    ino: 0x2000,
+                    snapid: 7,
+                },
+                &d,
+            ),
+        );
+        let head_node = ins(&t, new(head(0x2000), &d));
+        assert_eq!(t.trim(0), 1, "only the head inode can go");
+        assert!(snap.holds_inode() && t.get(ROOT_ID).unwrap().holds_inode());
+        assert!(!head_node.holds_inode());
+        assert!(!t.release_vino(head(0x1000)), "the root is pinned");
+        assert!(!t.release_vino(snap.vino), "a snapshot is pinned");
+        assert!(!snap.release());
+        assert_eq!(t.held(), 2);
+    }
+
+    #[test]
+    fn a_recall_releases_the_recalled_node_only() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let a = ins(&t, new(head(0x10), &d));
+        let b = ins(&t, new(head(0x11), &d));
+        assert!(t.release_vino(head(0x10)));
+        assert!(!a.holds_inode() && b.holds_inode());
+        assert!(!t.release_vino(head(0x10)), "released already");
+        assert!(!t.release_vino(head(0x99)), "unknown inode");
+        assert_eq!(d.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_lookup_of_a_released_node_gives_it_the_reference_found() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let n = ins(&t, new(head(0x10), &d));
+        assert!(n.release());
+        assert_eq!(d.load(Ordering::Relaxed), 1);
+        let again = ins(&t, new(head(0x10), &d));
+        assert!(Arc::ptr_eq(&n, &again));
+        assert!(
+            n.holds_inode(),
+            "the lookup's reference is kept, not released"
+        );
+        assert_eq!(d.load(Ordering::Relaxed), 1);
+        assert_eq!(n.lookups(), 2);
+        // Held: a second lookup's duplicate is released.
+        ins(&t, new(head(0x10), &d));
+        assert_eq!(d.load(Ordering::Relaxed), 2);
+        assert_eq!(t.held(), 2);
+    }
+
+    #[test]
+    fn held_count_follows_forgets_releases_and_requests_outliving_the_table() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = table(1, &d);
+        let a = ins(&t, new(head(0x10), &d));
+        ins(&t, new(head(0x11), &d));
+        assert_eq!(t.held(), 3);
+        // A request still uses `a` when the guest forgets it: counted until the request ends.
+        t.forget(0x10, 1);
+        assert_eq!(t.held(), 3);
+        drop(a);
+        assert_eq!(t.held(), 2);
+        // A released node leaving the table leaves the count alone.
+        t.get(0x11).unwrap().release();
+        assert_eq!(t.held(), 1);
+        t.forget(0x11, 1);
+        assert_eq!(t.held(), 1);
+        t.clear();
+        assert_eq!(t.held(), 1, "the root stays");
+        assert_eq!(d.load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn concurrent_uses_trims_and_forgets_keep_the_count_exact() {
+        let d = Arc::new(AtomicU64::new(0));
+        let t = Arc::new(table(1, &d));
+        let threads: Vec<_> = (0..4u64)
+            .map(|k| {
+                let t = t.clone();
+                let d = d.clone();
+                std::thread::spawn(move || {
+                    for i in 0..3000u64 {
+                        let ino = 0x100 + (i * 7 + k) % 257;
+                        let n = ins(&t, new(head(ino), &d));
+                        let _ = n.inode_or_else(|_| Ok::<_, i32>(Ref(d.clone())));
+                        match (i + k) % 5 {
+                            0 => {
+                                t.trim(32);
+                            }
+                            1 => {
+                                t.release_vino(head(0x100 + i % 257));
+                            }
+                            _ => {}
+                        }
+                        if i % 3 == 0 {
+                            t.forget(ino, 1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for th in threads {
+            th.join().unwrap();
+        }
+        assert_eq!(t.held(), holding(&t));
+        t.clear();
+        assert_eq!(t.held(), 1);
     }
 }

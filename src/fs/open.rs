@@ -107,11 +107,14 @@ impl CephFs {
         perm: &ceph_client::UserPerm,
     ) -> io::Result<()> {
         if oflags & libc::O_ACCMODE == libc::O_RDONLY {
-            drop(self.mount().open(&node.inode, libc::O_WRONLY, perm)?);
+            drop(
+                self.mount()
+                    .open(&*self.inode(node)?, libc::O_WRONLY, perm)?,
+            );
         }
         self.kill_privs(node, Trigger::Truncate, flagged, perm)?;
         if truncate {
-            self.mount().truncate_to_zero(&node.inode, perm)?;
+            self.mount().truncate_to_zero(&*self.inode(node)?, perm)?;
         }
         Ok(())
     }
@@ -166,7 +169,7 @@ impl CephFs {
         // O_TRUNC is done here, after the open and the privilege kill (see `open_truncate`).
         let file = self
             .mount()
-            .open(&node.inode, oflags & !libc::O_TRUNC, &perm)?;
+            .open(&*self.inode(&node)?, oflags & !libc::O_TRUNC, &perm)?;
         let writer = self.direct_writer(&node, oflags)?;
         if oflags & libc::O_TRUNC != 0 {
             let flagged = fuse_flags & FOPEN_IN_KILL_SUIDGID != 0;
@@ -204,7 +207,7 @@ impl CephFs {
         self.handle_room("create")?;
         self.node_room("create")?;
         let (inode, mut st, file) = self.mount().create(
-            &parent.inode,
+            &*self.inode(&parent)?,
             name,
             args.mode & 0o7777,
             oflags & !libc::O_TRUNC,
@@ -227,7 +230,7 @@ impl CephFs {
                 let flagged = args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0 && existing;
                 self.open_truncate(&node, oflags, flagged, existing, &perm)?;
                 if existing {
-                    st = self.mount().getattr(&node.inode, WANT, 0, &perm)?;
+                    st = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
                 }
             }
             self.new_handle(

@@ -363,7 +363,7 @@ impl CephFs {
                     return Err(errno(libc::ESTALE));
                 }
                 let oflags = oflags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
-                let file = self.mount().open(&node.inode, oflags, perm)?;
+                let file = self.mount().open(&*self.inode(node)?, oflags, perm)?;
                 let writer = self.direct_writer(node, oflags)?;
                 Ok(Handle::File(OpenFile::new(file, writer, oflags, node)))
             }
@@ -371,7 +371,7 @@ impl CephFs {
                 if !node.is_dir() {
                     return Err(errno(libc::ESTALE));
                 }
-                let dir = self.mount().opendir(&node.inode, perm)?;
+                let dir = self.mount().opendir(&*self.inode(node)?, perm)?;
                 Ok(Handle::Dir(Mutex::new(DirStream::restored(dir, pos)?)))
             }
         }

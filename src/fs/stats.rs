@@ -14,4 +14,7 @@ impl FsStats for CephFs {
     fn limit_refusals(&self) -> (u64, u64) {
         CephFs::limit_refusals(self)
     }
+    fn inode_refs(&self) -> (usize, u64, u64) {
+        CephFs::inode_refs(self)
+    }
 }

@@ -27,9 +27,9 @@ impl CephFs {
     /// Read the whole (filtered) xattr name list.
     fn xattr_list(&self, node: &Node, perm: &ceph_client::UserPerm) -> io::Result<Vec<u8>> {
         loop {
-            let size = self.mount().listxattr(&node.inode, &mut [], perm)?;
+            let size = self.mount().listxattr(&*self.inode(node)?, &mut [], perm)?;
             let mut buf = vec![0u8; size];
-            match self.mount().listxattr(&node.inode, &mut buf, perm) {
+            match self.mount().listxattr(&*self.inode(node)?, &mut buf, perm) {
                 Ok(n) => {
                     buf.truncate(n);
                     names::filter_xattr_list(&mut buf);
@@ -65,7 +65,7 @@ impl CephFs {
         let node = self.node_op(inode, "setxattr", ctx)?;
         Ok(self
             .mount()
-            .setxattr(&node.inode, name, value, flags, &self.perm(ctx))?)
+            .setxattr(&*self.inode(&node)?, name, value, flags, &self.perm(ctx))?)
     }
 
     pub(super) fn do_getxattr(
@@ -84,13 +84,17 @@ impl CephFs {
         let node = self.node_op(inode, "getxattr", ctx)?;
         let perm = self.perm(ctx);
         if size == 0 {
-            let n = self.mount().getxattr(&node.inode, name, &mut [], &perm)?;
+            let n = self
+                .mount()
+                .getxattr(&*self.inode(&node)?, name, &mut [], &perm)?;
             return Ok(GetxattrReply::Count(
                 u32::try_from(n).map_err(|_| errno(libc::E2BIG))?,
             ));
         }
         let mut buf = vec![0u8; to_len(size)?.min(XATTR_SIZE_MAX)];
-        let n = self.mount().getxattr(&node.inode, name, &mut buf, &perm)?;
+        let n = self
+            .mount()
+            .getxattr(&*self.inode(&node)?, name, &mut buf, &perm)?;
         buf.truncate(n);
         Ok(GetxattrReply::Value(buf))
     }
@@ -127,7 +131,10 @@ impl CephFs {
         }
         self.privileged_xattr(name, ctx.host_uid(), true)?;
         let node = self.node_op(inode, "removexattr", ctx)?;
-        match self.mount().removexattr(&node.inode, name, &self.perm(ctx)) {
+        match self
+            .mount()
+            .removexattr(&*self.inode(&node)?, name, &self.perm(ctx))
+        {
             // libcephfs says ENOENT for a name the inode does not carry (when it carries
             // others); Linux says ENODATA. The inode itself exists: we hold it.
             Err(e) if e.errno() == libc::ENOENT => Err(errno(libc::ENODATA)),

@@ -155,6 +155,10 @@ pub trait FsStats: Send + Sync {
     fn limit_refusals(&self) -> (u64, u64) {
         (0, 0)
     }
+    /// Libcephfs inode references: (held now, released so far, found again so far).
+    fn inode_refs(&self) -> (usize, u64, u64) {
+        (0, 0, 0)
+    }
 }
 
 impl Metrics {
@@ -398,6 +402,27 @@ impl Metrics {
                 &[("table", "handles")],
                 handles,
             );
+            let (held, released, refound) = fs.inode_refs();
+            w.family(
+                "ceph_virtiofsd_inodes_held",
+                Kind::Gauge,
+                "Libcephfs inode references the inode table holds (at most --held-inodes, \
+                 beside the export root and snapshots).",
+            );
+            w.sample("ceph_virtiofsd_inodes_held", &[], held);
+            w.family(
+                "ceph_virtiofsd_inode_releases_total",
+                Kind::Counter,
+                "Inode references given back to libcephfs while the guest still holds the \
+                 inode (over --held-inodes, or recalled by the MDS).",
+            );
+            w.sample("ceph_virtiofsd_inode_releases_total", &[], released);
+            w.family(
+                "ceph_virtiofsd_inode_refinds_total",
+                Kind::Counter,
+                "Inodes found again by number after their reference was given back.",
+            );
+            w.sample("ceph_virtiofsd_inode_refinds_total", &[], refound);
         }
         w.family(
             "ceph_virtiofsd_mds_inode_recalls_total",
@@ -612,6 +637,9 @@ mod tests {
             fn limit_refusals(&self) -> (u64, u64) {
                 (3, 4)
             }
+            fn inode_refs(&self) -> (usize, u64, u64) {
+                (6, 7, 8)
+            }
         }
         let text = M.render(2, Some(&Fs), None);
         for line in [
@@ -638,6 +666,9 @@ mod tests {
             "ceph_virtiofsd_handles 2",
             "ceph_virtiofsd_limit_refusals_total{table=\"nodes\"} 3",
             "ceph_virtiofsd_limit_refusals_total{table=\"handles\"} 4",
+            "ceph_virtiofsd_inodes_held 6",
+            "ceph_virtiofsd_inode_releases_total 7",
+            "ceph_virtiofsd_inode_refinds_total 8",
             "ceph_virtiofsd_fuse_requests_stuck 2",
             "ceph_virtiofsd_fuse_slow_requests_total{op=\"WRITE\"} 1",
             "ceph_virtiofsd_fuse_slow_requests_total{op=\"UNKNOWN\"} 1",

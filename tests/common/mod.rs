@@ -531,6 +531,15 @@ pub fn fs_write(
 /// The filesystem layer on a fresh export `name` of the test cluster, called in-process the way
 /// fuse-backend-rs's server calls it, after FUSE_INIT with what a Linux 6.1 guest offers.
 pub fn fs_layer(lab: &Lab, name: &str) -> ceph_virtiofsd::fs::CephFs {
+    fs_layer_with(lab, name, |_| {})
+}
+
+/// [`fs_layer`] with options changed by `adjust`.
+pub fn fs_layer_with(
+    lab: &Lab,
+    name: &str,
+    adjust: impl FnOnce(&mut ceph_virtiofsd::fs::FsConfig),
+) -> ceph_virtiofsd::fs::CephFs {
     use fuse_backend_rs::api::filesystem::FileSystem;
     let export = lab.export_dir(name);
     let mount = MountBuilder::new(Some(&lab.client_id))
@@ -543,12 +552,13 @@ pub fn fs_layer(lab: &Lab, name: &str) -> ceph_virtiofsd::fs::CephFs {
             .and_then(|b| b.conf_read_file(Some(&conf)))
             .and_then(|b| b.mount(&export))
     };
-    let cfg = ceph_virtiofsd::fs::FsConfig {
+    let mut cfg = ceph_virtiofsd::fs::FsConfig {
         second_session: Some(ceph_virtiofsd::fs::side::Connector(std::sync::Arc::new(
             connect,
         ))),
         ..Default::default()
     };
+    adjust(&mut cfg);
     let fs = ceph_virtiofsd::fs::CephFs::new(mount, cfg).unwrap();
     fs.init(
         fuse_backend_rs::abi::fuse_abi::FsOptions::HANDLE_KILLPRIV_V2
