@@ -227,8 +227,9 @@ pub struct Args {
     pub no_xattr: bool,
 
     // ---- per-guest limits and policy ----
-    /// Most inodes the guest may hold at once (looked up and not yet forgotten); each pins a
-    /// libcephfs inode and its MDS caps. A lookup beyond it fails with ENFILE. Default: 500000.
+    /// Most inodes the guest may hold at once (looked up and not yet forgotten); each takes a
+    /// node of the daemon's (its libcephfs inode only within --held-inodes). A lookup beyond it
+    /// fails with ENFILE. Default: 500000.
     #[arg(long, value_name = "N")]
     pub max_nodes: Option<usize>,
 
@@ -241,7 +242,7 @@ pub struct Args {
     /// 2 KiB each with libcephfs's dentry and caps). Beyond it the inodes used least lately are
     /// given back to libcephfs, which may trim them, and found again by number when the guest
     /// next uses them (one MDS request if libcephfs trimmed them). The MDS's cache-pressure
-    /// recalls release references too. Default: 16384.
+    /// recalls release references too. Default: 8192.
     #[arg(long, value_name = "N")]
     pub held_inodes: Option<usize>,
 
@@ -312,8 +313,8 @@ pub struct Args {
     #[arg(long, value_name = "MIB")]
     pub object_cache_mib: Option<u64>,
 
-    /// Inodes libcephfs keeps cached beyond those the guest holds (client_cache_size), about
-    /// 2 KiB each. Inodes the guest holds are bounded by --max-nodes instead. Default: 16384.
+    /// Inodes libcephfs keeps cached beyond the ones the daemon holds (client_cache_size), about
+    /// 2 KiB each; those the daemon holds are bounded by --held-inodes. Default: 8192.
     #[arg(long, value_name = "N")]
     pub inode_cache: Option<u64>,
 

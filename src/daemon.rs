@@ -150,7 +150,7 @@ pub fn serve_session<F: Served>(
 
     // Signal handlers first: once the socket exists, SIGTERM is already ours.
     let (events, receiver) = mpsc::channel();
-    let signals = SignalThread::start(events.clone(), watchdog(config))?;
+    let signals = SignalThread::start(events.clone(), watchdog(config), stats.clone())?;
     let lock_wait = if took_over {
         PREDECESSOR_EXIT_WAIT
     } else {
@@ -547,15 +547,55 @@ impl Drop for PidLock {
     }
 }
 
+/// How often [`give_back_memory`] looks, and how many inode references must have been released
+/// since it last gave memory back.
+const GIVE_BACK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const GIVE_BACK_AFTER_RELEASES: u64 = 1024;
+
+/// Give the memory of inodes libcephfs freed back to the system. After a guest walked a large
+/// tree, the node table released most inode references (`--held-inodes`) and libcephfs freed
+/// the inodes at its next trim, but glibc keeps freed memory in its heaps: the daemon's RSS
+/// stays at the walk's peak (216 MiB after a 100,000-inode walk, 168 once trimmed). Every
+/// [`GIVE_BACK_EVERY`], if at least [`GIVE_BACK_AFTER_RELEASES`] references were released since
+/// the last time, `malloc_trim` hands free heap pages back. It walks glibc's heaps under their
+/// locks: milliseconds, at most once per period, and only after such a walk.
+async fn give_back_memory(stats: Arc<dyn FsStats>) {
+    let mut tick = tokio::time::interval(GIVE_BACK_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = stats.inode_refs().1;
+    loop {
+        tick.tick().await;
+        let released = stats.inode_refs().1;
+        if released.saturating_sub(seen) >= GIVE_BACK_AFTER_RELEASES {
+            seen = released;
+            trim_heap();
+        }
+    }
+}
+
+#[cfg(target_env = "gnu")]
+fn trim_heap() {
+    // SAFETY: malloc_trim takes no pointer; it only walks glibc's own heaps under their locks
+    // and may be called from any thread at any time.
+    unsafe { libc::malloc_trim(0) };
+}
+
+#[cfg(not(target_env = "gnu"))]
+fn trim_heap() {}
+
 /// The control-plane thread: a tokio current-thread runtime waiting for SIGTERM/SIGINT, and
-/// running the slow-request watchdog meanwhile.
+/// running the slow-request watchdog and [`give_back_memory`] meanwhile.
 struct SignalThread {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     handle: Option<JoinHandle<()>>,
 }
 
 impl SignalThread {
-    fn start(events: mpsc::Sender<Event>, watchdog: Option<Watchdog>) -> Result<Self, DaemonError> {
+    fn start(
+        events: mpsc::Sender<Event>,
+        watchdog: Option<Watchdog>,
+        stats: Arc<dyn FsStats>,
+    ) -> Result<Self, DaemonError> {
         use tokio::signal::unix::{signal, SignalKind};
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -586,6 +626,7 @@ impl SignalThread {
                         _ = int.recv() => "SIGINT",
                         _ = &mut stopped => return,
                         () = watch => return,
+                        _ = give_back_memory(stats) => return,
                     };
                     let _ = events.send(Event::Signal(name));
                 });

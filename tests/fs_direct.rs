@@ -358,7 +358,11 @@ fn nodes_over_held_inodes_release_their_inodes_and_find_them_again() {
     fs.rename(&root, d, &c("f2"), 1, &c("moved"), 0).unwrap();
     assert_eq!(fs.lookup(&root, 1, &c("moved")).unwrap().inode, files[2].0);
     fs.unlink(&root, d, &c("f5")).unwrap();
-    assert_eq!(fs.lookup(&root, d, &c("f5")).unwrap().inode, 0, "a negative entry");
+    assert_eq!(
+        fs.lookup(&root, d, &c("f5")).unwrap().inode,
+        0,
+        "a negative entry"
+    );
     // A listing of a released directory.
     let (dh, _) = fs.opendir(&root, d, 0).unwrap();
     let mut names = Vec::new();

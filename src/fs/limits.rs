@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_MAX_NODES: usize = 500_000;
 /// Default `--max-handles`: far above what guest processes keep open in ordinary use.
 pub const DEFAULT_MAX_HANDLES: usize = 100_000;
-/// Default `--held-inodes`: libcephfs's own default inode cache size; with `--inode-cache` at
-/// its default too, about 64 MiB of libcephfs inodes however many nodes the guest holds.
-pub const DEFAULT_HELD_INODES: usize = 16_384;
+/// Default `--held-inodes`: with `--inode-cache` at its default (8192) too, libcephfs keeps
+/// about 16,000 inodes (about 32 MiB) however many nodes the guest holds.
+pub const DEFAULT_HELD_INODES: usize = 8_192;
 
 /// Lines per second a [`Throttle`] lets through.
 const LINES_PER_SEC: u32 = 5;
