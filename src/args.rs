@@ -242,7 +242,7 @@ pub struct Args {
     /// 2 KiB each with libcephfs's dentry and caps). Beyond it the inodes used least lately are
     /// given back to libcephfs, which may trim them, and found again by number when the guest
     /// next uses them (one MDS request if libcephfs trimmed them). The MDS's cache-pressure
-    /// recalls release references too. Default: 8192.
+    /// recalls release references too. Default: 4096.
     #[arg(long, value_name = "N")]
     pub held_inodes: Option<usize>,
 

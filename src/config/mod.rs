@@ -41,7 +41,7 @@ pub const DEFAULT_OBJECT_CACHE_MIB: u64 = 32;
 /// Largest `--object-cache-mib` (more makes no sense behind a guest's own page cache).
 pub const MAX_OBJECT_CACHE_MIB: u64 = 16 * 1024;
 /// Default `--inode-cache` (libcephfs's `client_cache_size`, whose own default is 16384): with
-/// `--held-inodes` at its default, about 32 MiB of libcephfs inodes at rest after any walk.
+/// `--held-inodes` at its default, about 24 MiB of libcephfs inodes at rest after any walk.
 pub const DEFAULT_INODE_CACHE: u64 = 8_192;
 /// Default bound past which a FUSE request is reported as slow (`--slow-request-secs`).
 pub const DEFAULT_SLOW_REQUEST: Duration = Duration::from_secs(30);
