@@ -428,3 +428,87 @@ fn osd_restart_mid_workload_on_bluestore_loses_nothing() {
         );
     }
 }
+
+/// The MDS under cache pressure (`ceph tell mds.* cache drop`) recalls the inodes a client
+/// holds; libcephfs passes the recall on for those the daemon holds. The daemon gives the
+/// recalled references up (`ceph_virtiofsd_inode_releases_total`, `inodes_held`) while the
+/// guest keeps every node id, and each node still answers, its inode found again by number.
+/// Before, the recall could only be counted: 300 held directories stayed held.
+#[test]
+fn mds_cache_pressure_recalls_release_the_inodes_the_guest_holds() {
+    use common::hostile::{hostile_daemon, metric, scrape_metrics, Hostile};
+    let lab = Lab::get();
+    let name = format!("fault-recall-{}", std::process::id());
+    let cluster = common::hostile::PrivateCluster::start(&lab, &name);
+    let plab = cluster.lab.clone();
+    // Not `name`: the daemon's scratch directory would be made afresh over the cluster's.
+    let (daemon, export, metrics) = hostile_daemon(&plab, &format!("{name}-daemon"), &[]);
+    const DIRS: usize = 300;
+    {
+        let m = plab.ceph();
+        let d = common::ceph_dir(&m, &format!("{export}/d"));
+        for i in 0..DIRS {
+            let n = CString::new(format!("x{i}")).unwrap();
+            m.mkdir(&d, &n, 0o755, CEPH_STATX_BASIC_STATS, 0, &UserPerm::root())
+                .unwrap();
+        }
+    }
+    let mut h = Hostile::connect(&plab, &daemon, &export, &[]);
+    let d = h.lookup(1, b"d").entry().expect("lookup d").0;
+    let nodes: Vec<u64> = (0..DIRS)
+        .map(|i| {
+            h.lookup(d, format!("x{i}").as_bytes())
+                .entry()
+                .unwrap_or_else(|| panic!("lookup x{i}"))
+                .0
+        })
+        .collect();
+    let sample = |series: &str| metric(&scrape_metrics(&metrics), series).unwrap_or(-1.0);
+    let held_before = sample("ceph_virtiofsd_inodes_held");
+    assert!(
+        held_before >= DIRS as f64,
+        "{held_before} references held for {DIRS} directories"
+    );
+    let st = Command::new("ceph")
+        .arg("-c")
+        .arg(&plab.conf)
+        .args(["tell", "mds.*", "cache", "drop", "10"])
+        .output()
+        .expect("run ceph tell mds.* cache drop");
+    println!(
+        "cache drop: {}{}",
+        String::from_utf8_lossy(&st.stdout),
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut held, mut released) = (held_before, 0.0);
+    while Instant::now() < deadline {
+        held = sample("ceph_virtiofsd_inodes_held");
+        released = sample("ceph_virtiofsd_inode_releases_total");
+        if released >= (DIRS / 2) as f64 && held < held_before / 2.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let recalls = sample("ceph_virtiofsd_mds_inode_recalls_total");
+    assert!(
+        released >= (DIRS / 2) as f64 && held < held_before / 2.0,
+        "after the MDS's recall: {recalls} recalls, {released} references released, {held} \
+         held (of {held_before})\n{}",
+        daemon.log_text()
+    );
+    assert_eq!(
+        sample("ceph_virtiofsd_inodes"),
+        (DIRS + 2) as f64,
+        "the guest keeps every node"
+    );
+    for (i, &n) in nodes.iter().enumerate() {
+        let a = h.getattr(n);
+        assert_eq!(a.error(), Some(0), "GETATTR of x{i} (node {n:#x})");
+        // fuse_attr_out: attr_valid (8), attr_valid_nsec, dummy (4 + 4), then fuse_attr's ino.
+        let ino = u64::from_le_bytes(a.payload()[16..24].try_into().unwrap());
+        assert_eq!(ino, n, "x{i} is still its own inode");
+    }
+    assert!(sample("ceph_virtiofsd_inode_refinds_total") >= (DIRS / 2) as f64);
+    println!("recall: {recalls} recalls, {released} released, {held} held of {held_before}");
+}
