@@ -547,32 +547,36 @@ impl Drop for PidLock {
     }
 }
 
-/// How often [`give_back_memory`] looks, and for how many looks after the last release it
-/// still gives memory back (libcephfs frees released inodes at its own tick, up to a second
-/// later).
+/// How often [`give_back_memory`] looks, how much data moved in one period counts as a
+/// stream, and for how many looks after the last release or stream it still gives memory back
+/// (libcephfs frees released inodes at its own tick, up to a second later, and flushes written
+/// data behind the guest).
 const GIVE_BACK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+const GIVE_BACK_STREAM_BYTES: u64 = 64 << 20;
 const GIVE_BACK_LOOKS_AFTER: u32 = 2;
 
-/// Give the memory of inodes libcephfs freed back to the system. After a guest walked a large
-/// tree, the node table released most inode references (`--held-inodes`) and libcephfs freed
-/// the inodes at its next trim, but glibc keeps freed memory in its heaps: the daemon's RSS
-/// stays at the walk's peak (212 MiB after a 100,000-inode walk, 114-134 once given back). Every
-/// [`GIVE_BACK_EVERY`] while references are being released, and [`GIVE_BACK_LOOKS_AFTER`]
-/// times more after the last release, `malloc_trim` hands free heap pages back. It walks
-/// glibc's heaps under their locks: milliseconds, at most once per period, and only around
-/// such walks; an idle daemon never calls it.
+/// Give memory libcephfs freed back to the system. After a guest walked a large tree, the node
+/// table released most inode references (`--held-inodes`) and libcephfs freed the inodes at
+/// its next trim; after a guest streamed a large file, libcephfs freed the buffers of its
+/// object cache. But glibc keeps freed memory in its heaps: the daemon's RSS stays at the
+/// peak (212 MiB after a 100,000-inode walk, 114-134 once given back). Every
+/// [`GIVE_BACK_EVERY`] while references are being released or data streams, and
+/// [`GIVE_BACK_LOOKS_AFTER`] times more after, `malloc_trim` hands free heap pages back. It
+/// walks glibc's heaps under their locks: milliseconds, at most once per period; an idle
+/// daemon never calls it.
 async fn give_back_memory(stats: Arc<dyn FsStats>) {
     let mut tick = tokio::time::interval(GIVE_BACK_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last = stats.inode_refs().1;
+    let moved = || crate::metrics::global().bytes_moved();
+    let (mut last, mut last_moved) = (stats.inode_refs().1, moved());
     let mut looks_left = 0;
     loop {
         tick.tick().await;
-        let released = stats.inode_refs().1;
-        if released != last {
+        let (released, now_moved) = (stats.inode_refs().1, moved());
+        if released != last || now_moved.wrapping_sub(last_moved) >= GIVE_BACK_STREAM_BYTES {
             looks_left = GIVE_BACK_LOOKS_AFTER + 1;
         }
-        last = released;
+        (last, last_moved) = (released, now_moved);
         if looks_left > 0 {
             looks_left -= 1;
             trim_heap();

@@ -249,6 +249,13 @@ impl Metrics {
     }
 
     /// Inode releases the MDS asked for so far (see [`mds_inode_recalled`]).
+    /// Bytes the guest read and wrote so far.
+    pub fn bytes_moved(&self) -> u64 {
+        self.bytes_read
+            .load(Ordering::Relaxed)
+            .wrapping_add(self.bytes_written.load(Ordering::Relaxed))
+    }
+
     pub fn mds_recalls(&self) -> u64 {
         self.mds_recalls.load(Ordering::Relaxed)
     }
