@@ -154,12 +154,19 @@ impl ceph_client::CallbackHandler for RecallHandler {
     /// put from here.
     fn release_inode(&self, vino: ceph_client::Vino) {
         crate::metrics::mds_inode_recalled();
-        let released = self.target.get().and_then(Weak::upgrade).is_some_and(|fs| {
-            fs.release_recalled(super::Vino {
+        let mut released = false;
+        if let Some(fs) = self.target.get().and_then(Weak::upgrade) {
+            released = fs.release_recalled(super::Vino {
                 ino: vino.ino,
                 snapid: vino.snapid,
-            })
-        });
+            });
+            // The daemon let the filesystem go meanwhile (it is exiting): the last reference
+            // must not be dropped here, where it would release the mount from one of
+            // libcephfs's own threads. Left to the process's exit.
+            if let Some(last) = Arc::into_inner(fs) {
+                std::mem::forget(last);
+            }
+        }
         let mut log = RECALL_LOG.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(suppressed) = log
             .get_or_insert_with(Throttle::default)
