@@ -442,7 +442,9 @@ fn mds_cache_pressure_recalls_release_the_inodes_the_guest_holds() {
     let cluster = common::hostile::PrivateCluster::start(&lab, &name);
     let plab = cluster.lab.clone();
     // Not `name`: the daemon's scratch directory would be made afresh over the cluster's.
-    let (daemon, export, metrics) = hostile_daemon(&plab, &format!("{name}-daemon"), &[]);
+    // Releasing is opt-in (`--held-inodes`); without it the recall is only counted.
+    let (daemon, export, metrics) =
+        hostile_daemon(&plab, &format!("{name}-daemon"), &["--held-inodes", "4096"]);
     const DIRS: usize = 300;
     {
         let m = plab.ceph();
