@@ -13,13 +13,16 @@
 //! guest looks them up when it needs them), so listings keep working.
 //!
 //! The MDS's recall (`ino_release_cb`): under cache pressure it asks the client to drop inode
-//! references, and libcephfs passes the request on for the inodes the application holds. The
-//! node of a recalled inode gives its reference up (unless it is pinned: the export root, a
-//! snapshot inode) and finds the inode again by number when the guest next uses it; the guest
-//! keeps its node id and notices nothing but the round trip. The same happens to the nodes
-//! used least lately whenever the table holds more than `--held-inodes` references, so what a
-//! guest's dentry cache holds costs the daemon a node (about 130 bytes), not a libcephfs inode
-//! (about 1.9 KiB with its dentry and caps), and libcephfs can trim to its `--inode-cache`.
+//! references, and libcephfs passes the request on for the inodes the application holds. With
+//! `--held-inodes` set (opt-in: see [`DEFAULT_HELD_INODES`]), the node of a recalled inode gives
+//! its reference up (unless it is pinned: the export root, a snapshot inode) and finds the
+//! inode again by number when the guest next uses it; the guest keeps its node id and notices
+//! nothing but the round trip. The same happens to the nodes used least lately whenever the
+//! table holds more than `--held-inodes` references, so what a guest's dentry cache holds costs
+//! the daemon a node (about 200 bytes), not a libcephfs inode (about 1.9 KiB with its dentry
+//! and caps), and libcephfs can trim to its `--inode-cache`. Without the option the recall is
+//! counted and logged, so an operator sees which guest keeps the MDS from trimming, and the
+//! node limit is what bounds it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -178,8 +181,9 @@ impl ceph_client::CallbackHandler for RecallHandler {
                 ino = vino.ino,
                 released,
                 suppressed_before = suppressed,
-                "MDS recalls an inode the guest holds: its reference is released (found again \
-                 by number when the guest uses it) unless it is the export root or a snapshot"
+                "MDS recalls an inode the guest holds: with --held-inodes set its reference is \
+                 released (found again by number when the guest uses it) unless it is the \
+                 export root or a snapshot; without it, kept until the guest forgets it"
             );
         }
     }

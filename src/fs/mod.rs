@@ -371,14 +371,13 @@ impl CephFs {
     /// round trip) and held again. An inode gone meanwhile (deleted by another client, and no
     /// handle keeps it) is ESTALE, as for an id the guest forgot.
     fn inode(&self, node: &Node) -> io::Result<Arc<Inode>> {
-        if let Some(inode) = node.inode() {
-            return Ok(inode);
-        }
+        let mut refound = false;
         let inode = node.inode_or_else(|vino| {
             if vino.snapid != NOSNAP {
                 // Snapshot nodes never release theirs (nodes): not reached.
                 return Err(errno(libc::ESTALE));
             }
+            refound = true;
             self.nodes_refound.fetch_add(1, Ordering::Relaxed);
             self.mount()
                 .lookup_inode(vino.ino)
@@ -387,7 +386,10 @@ impl CephFs {
                     _ => e.into(),
                 })
         })?;
-        self.bound_held_inodes();
+        // Only a re-found reference adds to what the table holds.
+        if refound {
+            self.bound_held_inodes();
+        }
         Ok(inode)
     }
 
