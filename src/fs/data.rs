@@ -44,12 +44,7 @@ impl CephFs {
         let size = |flags| -> io::Result<u64> {
             Ok(self
                 .mount()
-                .getattr(
-                    &*self.inode(&f.node)?,
-                    ceph_client::CEPH_STATX_SIZE,
-                    flags,
-                    &root,
-                )?
+                .getattr(&f.inode, ceph_client::CEPH_STATX_SIZE, flags, &root)?
                 .stx_size)
         };
         if end <= size(ceph_client::AT_STATX_DONT_SYNC)? {
@@ -148,17 +143,13 @@ impl CephFs {
     /// Opened with root credentials: the caller's open was already allowed, and a file
     /// created with mode 0 stays writable through the descriptor that created it. libcephfs
     /// opens it locally under the caps the first open got: no MDS request.
-    pub(super) fn direct_writer(&self, node: &Node, oflags: i32) -> io::Result<Option<File>> {
+    pub(super) fn direct_writer(&self, inode: &Inode, oflags: i32) -> io::Result<Option<File>> {
         if oflags & libc::O_DIRECT == 0 || oflags & libc::O_ACCMODE == libc::O_RDONLY {
             return Ok(None);
         }
         let keep = libc::O_ACCMODE | libc::O_APPEND;
         let flags = (oflags & keep) | libc::O_DSYNC;
-        Ok(Some(self.mount().open(
-            &*self.inode(node)?,
-            flags,
-            &self.perms.root(),
-        )?))
+        Ok(Some(self.mount().open(inode, flags, &self.perms.root())?))
     }
 
     /// Buffered I/O is about to go through `f`: from now on its inode's data may be in

@@ -30,15 +30,20 @@ pub struct OpenFile {
     /// The node it was opened on: its quarantine domain is asked on every request, so a
     /// handle follows its node's domain when that is derived again.
     pub(super) node: Arc<Node>,
+    /// The inode it was opened on, held for the handle's life (libcephfs's `Fh` holds it
+    /// anyway): a READ asks its size without going through the node, whose reference
+    /// `--held-inodes` may have released.
+    pub(super) inode: Arc<Inode>,
 }
 
 impl OpenFile {
-    /// A handle opened with `oflags` (as libcephfs got them) on `node`.
+    /// A handle opened with `oflags` (as libcephfs got them) on `node`, whose inode is `inode`.
     pub(super) fn new(
         file: File,
         writer: Option<File>,
         oflags: i32,
         node: &Arc<Node>,
+        inode: Arc<Inode>,
     ) -> Arc<Self> {
         Arc::new(OpenFile {
             file,
@@ -51,6 +56,7 @@ impl OpenFile {
             flocked: AtomicBool::new(false),
             oflags,
             node: node.clone(),
+            inode,
         })
     }
 }
@@ -167,17 +173,18 @@ impl CephFs {
         let oflags = open_flags(flags, keep)?;
         self.handle_room("open")?;
         // O_TRUNC is done here, after the open and the privilege kill (see `open_truncate`).
+        let ino_ref = self.inode(&node)?;
         let file = self
             .mount()
-            .open(&*self.inode(&node)?, oflags & !libc::O_TRUNC, &perm)?;
-        let writer = self.direct_writer(&node, oflags)?;
+            .open(&ino_ref, oflags & !libc::O_TRUNC, &perm)?;
+        let writer = self.direct_writer(&ino_ref, oflags)?;
         if oflags & libc::O_TRUNC != 0 {
             let flagged = fuse_flags & FOPEN_IN_KILL_SUIDGID != 0;
             self.open_truncate(&node, oflags, flagged, true, &perm)?;
         }
         let fh = self.new_handle(
             inode,
-            Handle::File(OpenFile::new(file, writer, oflags, &node)),
+            Handle::File(OpenFile::new(file, writer, oflags, &node, ino_ref)),
             "open",
         )?;
         Ok((Some(fh), self.open_options(&node), None))
@@ -220,7 +227,8 @@ impl CephFs {
         // From here on the node holds a lookup for the guest: every failure gives it back,
         // or the guest, which gets an error and no entry, could never FORGET it.
         let opened = (|| {
-            let writer = self.direct_writer(&node, oflags)?;
+            let ino_ref = self.inode(&node)?;
+            let writer = self.direct_writer(&ino_ref, oflags)?;
             // CREATE can open an existing file (no O_EXCL): O_TRUNC then has the SB_NOSEC duty.
             // A file with data existed before; an empty one may be new (its setuid/setgid bits
             // are the creator's choice), so only its file capabilities go. Either way the
@@ -230,12 +238,12 @@ impl CephFs {
                 let flagged = args.fuse_flags & FOPEN_IN_KILL_SUIDGID != 0 && existing;
                 self.open_truncate(&node, oflags, flagged, existing, &perm)?;
                 if existing {
-                    st = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
+                    st = self.mount().getattr(&ino_ref, WANT, 0, &perm)?;
                 }
             }
             self.new_handle(
                 node.id,
-                Handle::File(OpenFile::new(file, writer, oflags, &node)),
+                Handle::File(OpenFile::new(file, writer, oflags, &node, ino_ref)),
                 "create",
             )
         })();

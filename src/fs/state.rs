@@ -363,9 +363,12 @@ impl CephFs {
                     return Err(errno(libc::ESTALE));
                 }
                 let oflags = oflags & !(libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC);
-                let file = self.mount().open(&*self.inode(node)?, oflags, perm)?;
-                let writer = self.direct_writer(node, oflags)?;
-                Ok(Handle::File(OpenFile::new(file, writer, oflags, node)))
+                let ino_ref = self.inode(node)?;
+                let file = self.mount().open(&ino_ref, oflags, perm)?;
+                let writer = self.direct_writer(&ino_ref, oflags)?;
+                Ok(Handle::File(OpenFile::new(
+                    file, writer, oflags, node, ino_ref,
+                )))
             }
             HandleKind::Dir { pos } => {
                 if !node.is_dir() {
