@@ -66,6 +66,23 @@ impl TimeExp {
         }
     }
 
+    /// The guest's clock moved `d` ns against the filesystem's at an unknown moment between
+    /// the last probe and now: "now" may have been read with either offset.
+    pub fn widen(self, d: i128) -> TimeExp {
+        let span = |lo: i128, hi: i128| (lo.min(lo + d), hi.max(hi + d));
+        match self {
+            TimeExp::Known(k) => TimeExp::Known(k),
+            TimeExp::Window(lo, hi) => {
+                let (lo, hi) = span(lo, hi);
+                TimeExp::Window(lo, hi)
+            }
+            TimeExp::OldOrWindow(old, lo, hi) => {
+                let (lo, hi) = span(lo, hi);
+                TimeExp::OldOrWindow(old, lo, hi)
+            }
+        }
+    }
+
     /// "Unchanged or now": from whatever the time was known to be.
     pub fn old_or(self, w: TimeExp) -> TimeExp {
         match (self, w) {
@@ -489,5 +506,25 @@ impl Model {
                 _ => 0,
             })
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TimeExp;
+
+    #[test]
+    fn a_clock_move_widens_now_windows_and_leaves_known_times_alone() {
+        // The guest fell 3 s behind: the filesystem's "now" may be up to 3 s later.
+        assert!(TimeExp::Window(10, 20).widen(3).accepts(23));
+        assert!(TimeExp::Window(10, 20).widen(3).accepts(10));
+        assert!(!TimeExp::Window(10, 20).widen(3).accepts(24));
+        // It ran ahead: up to 3 s earlier.
+        assert!(TimeExp::Window(10, 20).widen(-3).accepts(7));
+        assert!(!TimeExp::Window(10, 20).widen(-3).accepts(6));
+        let w = TimeExp::OldOrWindow(1, 10, 20).widen(3);
+        assert!(w.accepts(1) && w.accepts(23) && !w.accepts(2));
+        assert!(TimeExp::Known(5).widen(3).accepts(5));
+        assert!(!TimeExp::Known(5).widen(3).accepts(8));
     }
 }
