@@ -242,7 +242,7 @@ pub struct Args {
     /// 2 KiB each with libcephfs's dentry and caps). Beyond it the inodes used least lately are
     /// given back to libcephfs, which may trim them, and found again by number when the guest
     /// next uses them (one MDS request if libcephfs trimmed them). The MDS's cache-pressure
-    /// recalls release references too. Default: no limit (opt-in: see README, "Density").
+    /// recalls release references too. Default: 4096.
     #[arg(long, value_name = "N")]
     pub held_inodes: Option<usize>,
 
@@ -314,7 +314,7 @@ pub struct Args {
     pub object_cache_mib: Option<u64>,
 
     /// Inodes libcephfs keeps cached beyond the ones the daemon holds (client_cache_size), about
-    /// 2 KiB each; those the daemon holds are bounded by --held-inodes. Default: 16384.
+    /// 2 KiB each; those the daemon holds are bounded by --held-inodes. Default: 8192.
     #[arg(long, value_name = "N")]
     pub inode_cache: Option<u64>,
 

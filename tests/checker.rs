@@ -52,10 +52,7 @@ const SHARE_ARGS: &str = "--max-time 1700000000";
 const IDLE_SECS: u32 = 300;
 /// Daemon options of a mode beyond `--cache MODE`: `never`, where every guest operation reaches
 /// the daemon, runs with 4 held inode references and a libcephfs cache of 64 inodes, so that
-/// nodes give their inodes back all the time and find them again by number. Not in the release
-/// cell (`CEPH_VIRTIOFSD_DAEMON` set: the daemon built with libcephfs 18 against Reef): there
-/// this found a file's mtime moving seconds after a FALLOCATE (seed 4011013209765236715, op
-/// 506, as the user), which is why releasing is opt-in; see README, "Density".
+/// nodes give their inodes back all the time and find them again by number.
 const MODE_DAEMON_ARGS: [(&str, &[&str]); 1] =
     [("never", &["--held-inodes", "4", "--inode-cache", "64"])];
 /// Who the unprivileged runs are: uid 1000 (`tester`), primary group 1000, supplementary 2000.
@@ -222,9 +219,8 @@ fn run_mode(
     // FSCHECK_DAEMON_ARGS: more daemon options for a hunt (say `--log-level debug`).
     let more = std::env::var("FSCHECK_DAEMON_ARGS").unwrap_or_default();
     let mut args = vec!["--cache", mode];
-    let release_cell = std::env::var_os("CEPH_VIRTIOFSD_DAEMON").is_some();
     for (m, extra) in MODE_DAEMON_ARGS {
-        if m == mode && !release_cell {
+        if m == mode {
             args.extend(extra);
         }
     }

@@ -442,9 +442,8 @@ fn mds_cache_pressure_recalls_release_the_inodes_the_guest_holds() {
     let cluster = common::hostile::PrivateCluster::start(&lab, &name);
     let plab = cluster.lab.clone();
     // Not `name`: the daemon's scratch directory would be made afresh over the cluster's.
-    // Releasing is opt-in (`--held-inodes`); without it the recall is only counted.
-    let (daemon, export, metrics) =
-        hostile_daemon(&plab, &format!("{name}-daemon"), &["--held-inodes", "4096"]);
+    // The default --held-inodes (4096): the 300 directories are all held until recalled.
+    let (daemon, export, metrics) = hostile_daemon(&plab, &format!("{name}-daemon"), &[]);
     const DIRS: usize = 300;
     {
         let m = plab.ceph();

@@ -8,7 +8,9 @@
 //!
 //! `SOAK_SECS` (default 300: the five-minute form CI runs) sets how long the workloads run,
 //! `SOAK_FAILOVER_SECS` (default 60) the time between failovers; the long run is
-//! `SOAK_SECS=3600 SOAK_FAILOVER_SECS=180`. `SOAK_INJECT=KIND` makes the first fscheck run
+//! `SOAK_SECS=3600 SOAK_FAILOVER_SECS=180`. `SOAK_DAEMON_ARGS` adds daemon options (say
+//! `--held-inodes 16 --inode-cache 128`, so that nodes give their inodes back all along).
+//! `SOAK_INJECT=KIND` makes the first fscheck run
 //! inject a fault (fscheck's `--inject`: flip, chmod, stray, ...): the test must then fail,
 //! which shows the soak sees what the checker finds. Printed for the record: per failover how long it
 //! took and how soon after it the guest's ticker (a file created every second) was answered,
@@ -180,14 +182,12 @@ fn checker_fsx_and_a_metadata_storm_ride_out_mds_failovers() {
     let work = lab.scratch(&name);
     let metrics = work.join("metrics.sock");
     std::fs::write(work.join("fsx.toml"), FSX_CONF).unwrap();
-    let daemon = Daemon::start(
-        lab,
-        &work,
-        &export,
-        &["--metrics-socket", metrics.to_str().unwrap()],
-    );
+    let more = std::env::var("SOAK_DAEMON_ARGS").unwrap_or_default();
+    let mut args = vec!["--metrics-socket", metrics.to_str().unwrap()];
+    args.extend(more.split_whitespace());
+    let daemon = Daemon::start(lab, &work, &export, &args);
     println!(
-        "soak: {} s, an MDS failover every {} s, seed {seed} (replay: SOAK_SEED={seed})",
+        "soak: {} s, an MDS failover every {} s, seed {seed} (replay: SOAK_SEED={seed}), daemon {args:?}",
         secs.as_secs(),
         every.as_secs()
     );

@@ -23,7 +23,7 @@ use super::shards::Shards;
 const SHARDS: usize = 64;
 
 /// A shard with more marks than this asks libcephfs which of its inodes are still cached.
-/// libcephfs keeps about `client_cache_size` (16384) unreferenced inodes.
+/// libcephfs keeps about `client_cache_size` (`--inode-cache`, 8192) unreferenced inodes.
 const SHARD_BOUND: usize = 512;
 
 /// Inode numbers whose data libcephfs's object cache may hold.

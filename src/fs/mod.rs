@@ -309,10 +309,6 @@ impl CephFs {
     /// The MDS recalled `vino` (cache pressure): the node holding it gives its reference up
     /// unless it is pinned; found again by number on its next use.
     pub fn release_recalled(&self, vino: Vino) -> bool {
-        // Releasing is opt-in (`--held-inodes`, see its default).
-        if self.cfg.held_inodes == usize::MAX {
-            return false;
-        }
         let released = self.nodes.release_vino(vino);
         if released {
             self.nodes_released.fetch_add(1, Ordering::Relaxed);
