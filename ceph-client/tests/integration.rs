@@ -196,19 +196,22 @@ fn namespace_operations_and_errors() {
     s.stx_mode = 0o644;
     m.setattr(&file_ino, &s, CEPH_SETATTR_MODE, p).unwrap();
     // libcephfs up to 18 checks search (x) permission on the parent before its type: a 0644
-    // file gives EACCES. 20 checks the type first and gives ENOTDIR, as Linux does. The daemon
-    // answers ENOTDIR for a non-directory parent before libcephfs is asked (`dir_op`), so
-    // the guest sees Linux's errno with every release; the guest kernel never asks anyway.
+    // file gives EACCES to lookup and mkdir. 20 answers either: EACCES in a test binary whose other tests ran
+    // beside it, ENOTDIR (Linux's answer) when this test runs alone; the order of its checks
+    // depends on what its cache holds. The daemon answers ENOTDIR for a non-directory parent
+    // before libcephfs is asked (`dir_op`), so the guest sees Linux's errno with every
+    // release; the guest kernel never asks anyway.
     let (_, (major, _, _)) = version();
-    let want = if major >= 20 {
-        libc::ENOTDIR
-    } else {
-        libc::EACCES
-    };
-    assert_eq!(errno(m.lookup(&file_ino, &c("x"), ALL, 0, p)), want);
-    assert_eq!(
-        errno(m.mkdir(&file_ino, &c("x"), 0o755, ALL, 0, p)),
-        libc::EACCES
+    let got = errno(m.lookup(&file_ino, &c("x"), ALL, 0, p));
+    assert!(
+        got == libc::EACCES || (major >= 20 && got == libc::ENOTDIR),
+        "lookup in a 0644 file: errno {got} (libcephfs {major})"
+    );
+    // mkdir in it: the same.
+    let got = errno(m.mkdir(&file_ino, &c("x"), 0o755, ALL, 0, p));
+    assert!(
+        got == libc::EACCES || (major >= 20 && got == libc::ENOTDIR),
+        "mkdir in a 0644 file: errno {got} (libcephfs {major})"
     );
     assert_eq!(errno(m.opendir(&file_ino, p)), libc::ENOTDIR);
     assert_eq!(errno(m.rmdir(&f.dir, &c("file"), p)), libc::ENOTDIR);
