@@ -9,7 +9,7 @@ use crate::sys;
 
 /// Largest single transfer passed to libcephfs (its read/write calls return `int`).
 #[allow(clippy::as_conversions)] // i32::MAX widens to usize; `From` is not const
-const MAX_IO: usize = i32::MAX as usize;
+pub(crate) const MAX_IO: usize = i32::MAX as usize;
 
 fn to_i64(op: &'static str, v: u64) -> Result<i64> {
     i64::try_from(v).map_err(|_| CephError::new(op, libc::EINVAL))
@@ -54,6 +54,12 @@ impl File {
         let call = self.mount.enter(op)?;
         // `fh` is only None inside close()/drop(), after which self is gone.
         Ok((call, self.as_ptr()))
+    }
+
+    /// The mount the handle is open on.
+    #[cfg_attr(not(libcephfs_nonblocking), allow(dead_code))]
+    pub(crate) fn mount_ref(&self) -> &Mount {
+        &self.mount
     }
 
     /// The raw `Fh*` (for identity comparisons).

@@ -60,6 +60,8 @@
 )]
 
 pub mod admin_socket;
+#[cfg(libcephfs_nonblocking)]
+pub mod aio;
 pub mod sys;
 
 mod dir;

@@ -424,15 +424,36 @@ impl Call<'_> {
 
 impl Drop for Call<'_> {
     fn drop(&mut self) {
-        let inner = &*self.mount.inner;
-        if inner.calls.fetch_sub(1, Ordering::AcqRel) == CLOSED | 1 {
-            // The last call of a closed mount: a shutdown may be waiting. Taking the lock
-            // orders this wake-up after the waiter's check of the count.
-            let _g = inner
-                .unmounted
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            inner.idle.notify_all();
+        self.mount.leave();
+    }
+}
+
+/// A [`Call`] that owns its mount: for I/O that completes after the call that submitted it
+/// returned (`ceph_ll_nonblocking_readv_writev`). Dropping it takes no libcephfs lock, so it
+/// may be dropped in a libcephfs callback.
+#[cfg_attr(not(libcephfs_nonblocking), allow(dead_code))]
+pub(crate) struct OwnedCall {
+    /// None only once [`OwnedCall::end`] took it.
+    mount: Option<Mount>,
+}
+
+#[cfg_attr(not(libcephfs_nonblocking), allow(dead_code))]
+impl OwnedCall {
+    /// Ends the call and hands its mount back, so that the mount's last reference is not
+    /// dropped where libcephfs may not be entered (in one of its callbacks).
+    pub(crate) fn end(mut self) -> Option<Mount> {
+        let m = self.mount.take();
+        if let Some(m) = &m {
+            m.leave();
+        }
+        m
+    }
+}
+
+impl Drop for OwnedCall {
+    fn drop(&mut self) {
+        if let Some(m) = self.mount.take() {
+            m.leave();
         }
     }
 }
@@ -476,6 +497,32 @@ impl Mount {
             return Err(CephError::new(op, libc::ENOTCONN));
         }
         Ok(call)
+    }
+
+    /// [`Mount::enter`] for a call that outlives its caller's stack frame.
+    #[cfg_attr(not(libcephfs_nonblocking), allow(dead_code))]
+    pub(crate) fn enter_owned(&self, op: &'static str) -> Result<OwnedCall> {
+        let call = OwnedCall {
+            mount: Some(self.clone()),
+        };
+        if self.inner.calls.fetch_add(1, Ordering::AcqRel) & CLOSED != 0 {
+            return Err(CephError::new(op, libc::ENOTCONN));
+        }
+        Ok(call)
+    }
+
+    /// The end of a call: the last one of a closed mount wakes a waiting shutdown.
+    fn leave(&self) {
+        let inner = &*self.inner;
+        if inner.calls.fetch_sub(1, Ordering::AcqRel) == CLOSED | 1 {
+            // The last call of a closed mount: a shutdown may be waiting. Taking the lock
+            // orders this wake-up after the waiter's check of the count.
+            let _g = inner
+                .unmounted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            inner.idle.notify_all();
+        }
     }
 
     /// Unmount now although other owners (inodes, files, directories, clones) may still exist:

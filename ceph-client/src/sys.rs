@@ -104,6 +104,25 @@ pub type client_umask_callback_t = Option<unsafe extern "C" fn(handle: *mut c_vo
 /// `client_ino_release_t`
 pub type client_ino_release_t = Option<unsafe extern "C" fn(handle: *mut c_void, ino: vinodeno_t)>;
 
+/// `struct ceph_ll_io_info` (libcephfs 20 and later): one read or write for
+/// `ceph_ll_nonblocking_readv_writev`. `callback` is called once with the struct back, `result`
+/// set (bytes or -errno), on a libcephfs thread that may hold the client lock.
+#[cfg(libcephfs_nonblocking)]
+#[repr(C)]
+#[derive(Debug)]
+pub struct ceph_ll_io_info {
+    pub callback: Option<unsafe extern "C" fn(*mut ceph_ll_io_info)>,
+    pub priv_: *mut c_void,
+    pub fh: *mut Fh,
+    pub iov: *const iovec,
+    pub iovcnt: c_int,
+    pub off: i64,
+    pub result: i64,
+    pub write: bool,
+    pub fsync: bool,
+    pub syncdataonly: bool,
+}
+
 /// `struct ceph_client_callback_args`
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -285,6 +304,12 @@ extern "C" {
         off: i64,
     ) -> i64;
     pub fn ceph_ll_close(cmount: *mut ceph_mount_info, fh: *mut Fh) -> c_int;
+    /// libcephfs 20 and later (build.rs finds it in the header).
+    #[cfg(libcephfs_nonblocking)]
+    pub fn ceph_ll_nonblocking_readv_writev(
+        cmount: *mut ceph_mount_info,
+        io_info: *mut ceph_ll_io_info,
+    ) -> i64;
     pub fn ceph_ll_getxattr(
         cmount: *mut ceph_mount_info,
         inode: *mut Inode,

@@ -100,6 +100,25 @@ fn rust_mirrors_match_the_c_header() {
         "AT_NO_ATTR_SYNC" => ceph_client::AT_NO_ATTR_SYNC,
         "AT_SYMLINK_NOFOLLOW" => ceph_client::AT_SYMLINK_NOFOLLOW,
     ];
+    #[cfg(libcephfs_nonblocking)]
+    let rust = {
+        use sys::ceph_ll_io_info as Io;
+        let mut rust = rust;
+        rust.extend(rows![
+            "sizeof ceph_ll_io_info" => size_of::<Io>(),
+            "ceph_ll_io_info.callback" => offset_of!(Io, callback),
+            "ceph_ll_io_info.priv" => offset_of!(Io, priv_),
+            "ceph_ll_io_info.fh" => offset_of!(Io, fh),
+            "ceph_ll_io_info.iov" => offset_of!(Io, iov),
+            "ceph_ll_io_info.iovcnt" => offset_of!(Io, iovcnt),
+            "ceph_ll_io_info.off" => offset_of!(Io, off),
+            "ceph_ll_io_info.result" => offset_of!(Io, result),
+            "ceph_ll_io_info.write" => offset_of!(Io, write),
+            "ceph_ll_io_info.fsync" => offset_of!(Io, fsync),
+            "ceph_ll_io_info.syncdataonly" => offset_of!(Io, syncdataonly),
+        ]);
+        rust
+    };
     let c = c_layout();
     let mut mismatches = Vec::new();
     for (name, value) in &rust {
