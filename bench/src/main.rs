@@ -11,6 +11,7 @@ mod density;
 mod floor;
 mod fuse;
 mod hostile;
+mod nonblocking;
 mod session;
 mod stats;
 mod upgrade;
@@ -392,6 +393,14 @@ fn main() -> ExitCode {
         .is_some_and(|a| a == "upgrade-stream")
     {
         return upgrade::main(std::env::args_os().skip(1));
+    }
+    // `ceph-virtiofsd-bench nonblocking ...`: libcephfs 20's nonblocking I/O against the
+    // blocking calls, in this process.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "nonblocking")
+    {
+        return nonblocking::main(std::env::args_os().skip(1));
     }
     // `ceph-virtiofsd-bench density ...`: idle guests a script measures (tests/bench/density).
     if std::env::args_os().nth(1).is_some_and(|a| a == "density") {
