@@ -405,3 +405,31 @@ fn fscheck_replay_a_renamed_file_leaves_its_old_directory() {
         r.problems.join("\n  ")
     );
 }
+
+/// The hour soak's divergence (2026-12-03), kept as a fixed replay: a file renamed out of a
+/// directory this client held exclusively (Fsx) stayed in libcephfs's cache of it, and 13
+/// operations later RENAME_NOREPLACE onto the old name answered EEXIST. The refresh through
+/// the second session had done nothing: libcephfs sends no SETATTR for an mtime equal to the
+/// one it caches while it holds the shared cap, which that session had just been given
+/// (src/fs/side.rs, `refresh_dir`). Deterministic on the code before the fix: five replays,
+/// five divergences at operation 157, with the defaults as with the soak's `--held-inodes 16
+/// --inode-cache 128`.
+#[test]
+fn fscheck_replay_a_rename_out_of_an_exclusively_held_directory() {
+    if !wanted("auto") {
+        println!("skipped (FSCHECK_MODES)");
+        return;
+    }
+    let lab = Lab::get();
+    let replay = "--seed 4558096565492855208 --ops 158 --op-timeout 300 --max-time 1700000000";
+    let r = run_mode(&lab, "auto", 5, 0, false, Some(replay.into()));
+    for v in &r.verdicts {
+        println!("  {v}");
+    }
+    assert!(
+        r.code == 0 && r.problems.is_empty(),
+        "the replay diverged (guest exit {}):\n  {}",
+        r.code,
+        r.problems.join("\n  ")
+    );
+}

@@ -528,12 +528,21 @@ impl CephFs {
         }
         let root = self.perms.root();
         let fixed = self.side.refresh_dir(old.vino.ino, &root);
-        let gone = !still_listed();
-        tracing::debug!(
+        if !still_listed() {
+            tracing::debug!(
+                dir = old.vino.ino,
+                "the source of a rename was still cached in its directory: refreshed"
+            );
+            return;
+        }
+        // The guest may now see the old name (lookups, listings) until libcephfs loses the
+        // directory's shared cap some other way.
+        tracing::warn!(
             dir = old.vino.ino,
-            refreshed = ?fixed.as_ref().map(|r| r.is_ok()),
-            gone,
-            "the source of a rename was still cached in its directory"
+            refreshed = ?fixed.as_ref().map(|r| r.as_ref().map_err(|e| e.to_string())),
+            "the source of a rename is still cached in its directory after a refresh through \
+             the second session: the guest may see the old name until the MDS takes the \
+             directory's shared cap"
         );
     }
 

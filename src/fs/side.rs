@@ -109,19 +109,40 @@ impl SideClient {
         })
     }
 
-    /// Set the mtime of directory `dir` (a head inode number) to what it is, through a
-    /// session of its own: the MDS takes the main session's shared cap on the directory for
-    /// it, so the main session's cached listing goes (see `CephFs::forget_stale_source`). The
-    /// ctime becomes now, as after the rename that prompted it. `None`: no session.
+    /// Set the mtime of directory `dir` (a head inode number) through a session of its own,
+    /// one nanosecond on and back to what it was: each is a SETATTR the MDS serves by taking
+    /// the file lock exclusively, so it takes the main session's shared cap on the directory,
+    /// and with it the main session's cached listing (see `CephFs::forget_stale_source`).
+    /// Twice, because libcephfs sends no request for an mtime equal to the one it has cached
+    /// while it holds the shared cap itself, which this session gets as soon as it looks the
+    /// directory up while the main session holds the directory exclusively (fscheck seed
+    /// 4558096565492855208, operation 157: the one setattr was never sent and the stale name
+    /// stayed). The mtime ends as it was, the ctime becomes now, as after the rename that
+    /// prompted it. `None`: no session.
     pub fn refresh_dir(&self, dir: u64, perm: &UserPerm) -> Option<io::Result<()>> {
         self.with_session(|m| {
             let d = m.lookup_inode(dir)?;
             let st = m.getattr(&d, ceph_client::CEPH_STATX_MTIME, 0, perm)?;
-            let set = ceph_client::Statx {
-                stx_mtime: st.stx_mtime,
-                ..ceph_client::Statx::default()
+            let was = st.stx_mtime;
+            let on = if was.tv_nsec < 999_999_999 {
+                ceph_client::Timespec {
+                    tv_sec: was.tv_sec,
+                    tv_nsec: was.tv_nsec + 1,
+                }
+            } else {
+                ceph_client::Timespec {
+                    tv_sec: was.tv_sec,
+                    tv_nsec: was.tv_nsec - 1,
+                }
             };
-            m.setattr(&d, &set, ceph_client::CEPH_SETATTR_MTIME, perm)
+            for t in [on, was] {
+                let set = ceph_client::Statx {
+                    stx_mtime: t,
+                    ..ceph_client::Statx::default()
+                };
+                m.setattr(&d, &set, ceph_client::CEPH_SETATTR_MTIME, perm)?;
+            }
+            Ok(())
         })
     }
 }
