@@ -105,6 +105,52 @@ fn offsets_past_i64_are_refused() {
     );
 }
 
+/// fallocate(2) mode 0 extends the size and keeps the bytes, with every libcephfs: 20
+/// refuses the mode (EOPNOTSUPP, which would make the guest kernel stop sending FALLOCATE for
+/// the mount), and the daemon then extends the size itself. KEEP_SIZE leaves the size alone;
+/// a read-only handle gets EBADF.
+#[test]
+fn fallocate_extends_the_size_with_every_libcephfs() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, &format!("direct-falloc-{}", std::process::id()));
+    let root = ctx(0, 0);
+    let (ino, fh) = create(&fs, 1, &c("f"), 0o644);
+    let size = |fs: &CephFs| fs.getattr(&root, ino, None).unwrap().0.st_size;
+    fs.write(
+        &root,
+        ino,
+        fh,
+        &mut Payload(b"abc".to_vec()),
+        3,
+        0,
+        None,
+        false,
+        0,
+        0,
+    )
+    .unwrap();
+    fs.fallocate(&root, ino, fh, 0, 1000, 24).unwrap();
+    assert_eq!(size(&fs), 1024);
+    // Inside the file: nothing changes.
+    fs.fallocate(&root, ino, fh, 0, 0, 10).unwrap();
+    assert_eq!(size(&fs), 1024);
+    fs.fallocate(&root, ino, fh, libc::FALLOC_FL_KEEP_SIZE as u32, 4096, 4096)
+        .unwrap();
+    assert_eq!(size(&fs), 1024);
+    let mut sink = Sink(Vec::new());
+    assert_eq!(
+        fs.read(&root, ino, fh, &mut sink, 16, 0, None, 0).unwrap(),
+        16
+    );
+    assert_eq!(&sink.0[..4], b"abc\0");
+    fs.release(&root, ino, 0, fh, false, false, None).unwrap();
+    let (ro, _, _) = fs.open(&root, ino, libc::O_RDONLY as u32, 0).unwrap();
+    let ro = ro.unwrap();
+    let r = fs.fallocate(&root, ino, ro, 0, 0, 1 << 20);
+    assert_eq!(errno(r), libc::EBADF);
+    assert_eq!(size(&fs), 1024);
+}
+
 #[test]
 fn lookup_counts_release_nodes() {
     let lab = Lab::get();

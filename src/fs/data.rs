@@ -122,7 +122,43 @@ impl CephFs {
                 &self.perm(ctx),
             )?;
         }
-        Ok(f.file.fallocate(mode, offset, length)?)
+        match f.file.fallocate(mode, offset, length) {
+            // libcephfs 20 refuses mode 0 (allocate, extending the size), as the kernel
+            // client does; 16 and 18 extend the size. A guest kernel that gets EOPNOTSUPP
+            // once sends no FALLOCATE for the mount again (hole punching included), so the
+            // daemon extends the size itself: CephFS allocates nothing ahead anyway.
+            Err(e) if e.errno() == libc::EOPNOTSUPP && mode == 0 => {
+                self.extend_for_fallocate(&f, offset, length)
+            }
+            r => Ok(r?),
+        }
+    }
+
+    /// fallocate(mode 0) as libcephfs 16 and 18 do it: the size becomes `off + len` if that
+    /// is larger, with a new mtime; nothing is written. As root, like an ftruncate, since
+    /// the guest's descriptor is open for writing (EBADF otherwise, as libcephfs answers).
+    /// Another client extending the file between the size check and the SETATTR would be
+    /// cut back to `off + len`: the guest's own writes are serialised with it by its kernel.
+    fn extend_for_fallocate(&self, f: &OpenFile, off: u64, len: u64) -> io::Result<()> {
+        if !f.writable {
+            return Err(errno(libc::EBADF));
+        }
+        let end = off.checked_add(len).ok_or_else(|| errno(libc::EFBIG))?;
+        let root = self.perms.root();
+        let size = self
+            .mount()
+            .getattr(&f.inode, ceph_client::CEPH_STATX_SIZE, 0, &root)?
+            .stx_size;
+        if end <= size {
+            return Ok(());
+        }
+        let st = ceph_client::Statx {
+            stx_size: end,
+            stx_mtime: ceph_client::Timespec::now(),
+            ..ceph_client::Statx::default()
+        };
+        let mask = ceph_client::CEPH_SETATTR_SIZE | ceph_client::CEPH_SETATTR_MTIME;
+        Ok(self.mount().setattr(&f.inode, &st, mask, &root)?)
     }
 
     pub(super) fn do_lseek(
