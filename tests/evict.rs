@@ -13,7 +13,6 @@
 mod common;
 
 use std::ffi::CString;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS};
@@ -54,8 +53,8 @@ fn client_ids(daemon: &Daemon) -> Vec<String> {
 }
 
 fn evict(lab: &Lab, id: &str) {
-    let out = Command::new("ceph")
-        .args(["-c", lab.conf.to_str().unwrap(), "--id", &lab.client_id])
+    let out = lab
+        .ceph_cli()
         .args(["tell", "mds.*", "client", "evict", &format!("id={id}")])
         .output()
         .expect("run ceph tell mds.* client evict");

@@ -100,6 +100,30 @@ impl Lab {
         }
     }
 
+    /// The `ceph` CLI on this lab's cluster, as `client_id`: the cluster's own release's
+    /// (`ceph-dev-cluster ceph DIR`) when the cluster is one of the lab's, since the host's
+    /// Pacific CLI cannot talk to a Tentacle mon; the host's `ceph` otherwise.
+    pub fn ceph_cli(&self) -> Command {
+        let dir = self
+            .conf
+            .parent()
+            .filter(|d| d.join("cluster.env").is_file());
+        let mut c = match dir {
+            Some(d) => {
+                let mut c = Command::new(self.top.join("tests/lab/ceph-dev-cluster"));
+                c.arg("ceph").arg(d);
+                c
+            }
+            None => {
+                let mut c = Command::new("ceph");
+                c.arg("-c").arg(&self.conf);
+                c
+            }
+        };
+        c.args(["--id", &self.client_id]);
+        c
+    }
+
     /// A second, independent CephFS client (the "other host"), mounted at the filesystem root.
     pub fn ceph(&self) -> Mount {
         MountBuilder::new(Some(&self.client_id))
