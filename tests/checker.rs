@@ -391,10 +391,17 @@ fn fscheck_replay_a_renamed_file_leaves_its_old_directory() {
         println!("skipped (FSCHECK_MODES)");
         return;
     }
+    replay_is_clean(
+        "metadata",
+        4,
+        "--seed 2189807567708067814 --ops 29001 --as-user 1000:1000:2000 --max-time 1700000000",
+    );
+}
+
+/// Run one fixed replay in `mode` (scratch `index`) and require it clean.
+fn replay_is_clean(mode: &str, index: u64, replay: &str) {
     let lab = Lab::get();
-    let replay = "--seed 2189807567708067814 --ops 29001 --as-user 1000:1000:2000 \
-                  --max-time 1700000000";
-    let r = run_mode(&lab, "metadata", 4, 0, false, Some(replay.into()));
+    let r = run_mode(&lab, mode, index, 0, false, Some(replay.into()));
     for v in &r.verdicts {
         println!("  {v}");
     }
@@ -420,16 +427,9 @@ fn fscheck_replay_a_rename_out_of_an_exclusively_held_directory() {
         println!("skipped (FSCHECK_MODES)");
         return;
     }
-    let lab = Lab::get();
-    let replay = "--seed 4558096565492855208 --ops 158 --op-timeout 300 --max-time 1700000000";
-    let r = run_mode(&lab, "auto", 5, 0, false, Some(replay.into()));
-    for v in &r.verdicts {
-        println!("  {v}");
-    }
-    assert!(
-        r.code == 0 && r.problems.is_empty(),
-        "the replay diverged (guest exit {}):\n  {}",
-        r.code,
-        r.problems.join("\n  ")
+    replay_is_clean(
+        "auto",
+        5,
+        "--seed 4558096565492855208 --ops 158 --op-timeout 300 --max-time 1700000000",
     );
 }
