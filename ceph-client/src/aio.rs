@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use crate::error::{CephError, Result};
 use crate::file::File;
-use crate::mount::{Mount, OwnedCall};
+use crate::mount::OwnedCall;
 use crate::sys;
 
 const OP: &str = "ceph_ll_nonblocking_readv_writev";
@@ -134,8 +134,9 @@ impl Op {
             info,
             ..
         } = self;
-        // The mount goes with the file (which holds it too): not dropped here.
-        let mount: Option<Mount> = call.end();
+        // Ended while `file` still holds the mount: once the completion is in the queue, its
+        // taker may drop the file at any moment, and this may run on libcephfs's thread.
+        drop(call);
         let result = if ret < 0 {
             Err(CephError::new(
                 OP,
@@ -154,7 +155,6 @@ impl Op {
             buf,
             file,
         });
-        drop(mount);
     }
 }
 

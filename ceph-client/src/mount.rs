@@ -429,32 +429,17 @@ impl Drop for Call<'_> {
 }
 
 /// A [`Call`] that owns its mount: for I/O that completes after the call that submitted it
-/// returned (`ceph_ll_nonblocking_readv_writev`). Dropping it takes no libcephfs lock, so it
-/// may be dropped in a libcephfs callback.
+/// returned (`ceph_ll_nonblocking_readv_writev`). Dropping it takes no libcephfs lock; in a
+/// libcephfs callback it may be dropped only while something else still holds the mount,
+/// or the mount's last reference would unmount from libcephfs's own thread.
 #[cfg_attr(not(libcephfs_nonblocking), allow(dead_code))]
 pub(crate) struct OwnedCall {
-    /// None only once [`OwnedCall::end`] took it.
-    mount: Option<Mount>,
-}
-
-#[cfg_attr(not(libcephfs_nonblocking), allow(dead_code))]
-impl OwnedCall {
-    /// Ends the call and hands its mount back, so that the mount's last reference is not
-    /// dropped where libcephfs may not be entered (in one of its callbacks).
-    pub(crate) fn end(mut self) -> Option<Mount> {
-        let m = self.mount.take();
-        if let Some(m) = &m {
-            m.leave();
-        }
-        m
-    }
+    mount: Mount,
 }
 
 impl Drop for OwnedCall {
     fn drop(&mut self) {
-        if let Some(m) = self.mount.take() {
-            m.leave();
-        }
+        self.mount.leave();
     }
 }
 
@@ -503,7 +488,7 @@ impl Mount {
     #[cfg_attr(not(libcephfs_nonblocking), allow(dead_code))]
     pub(crate) fn enter_owned(&self, op: &'static str) -> Result<OwnedCall> {
         let call = OwnedCall {
-            mount: Some(self.clone()),
+            mount: self.clone(),
         };
         if self.inner.calls.fetch_add(1, Ordering::AcqRel) & CLOSED != 0 {
             return Err(CephError::new(op, libc::ENOTCONN));
