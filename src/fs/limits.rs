@@ -14,13 +14,14 @@
 //!
 //! The MDS's recall (`ino_release_cb`): under cache pressure it asks the client to drop inode
 //! references, and libcephfs passes the request on for the inodes the application holds. The
-//! node of a recalled inode gives its reference up (unless it is pinned: the export root, a snapshot inode) and finds the
-//! inode again by number when the guest next uses it; the guest keeps its node id and notices
-//! nothing but the round trip. The same happens to the nodes used least lately whenever the
-//! table holds more than `--held-inodes` references, so what a guest's dentry cache holds costs
-//! the daemon a node (about 200 bytes), not a libcephfs inode (about 1.9 KiB with its dentry
-//! and caps), and libcephfs can trim to its `--inode-cache`. Every recall is also counted and
-//! logged (rate-limited), so an operator sees which guest the MDS is pressing.
+//! node of a recalled inode gives its reference up (unless it is pinned: the export root, a
+//! snapshot inode) and finds the inode again by number when the guest next uses it; the guest
+//! keeps its node id and notices nothing but the round trip. The same happens to the nodes
+//! used least lately whenever the table holds more than `--held-inodes` references, so what a
+//! guest's dentry cache holds costs the daemon a node (about 200 bytes), not a libcephfs inode
+//! (about 1.9 KiB with its dentry and caps), and libcephfs can trim to its `--inode-cache`.
+//! Every recall is also counted and logged (rate-limited), so an operator sees which guest the
+//! MDS is pressing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};

@@ -124,16 +124,13 @@ impl SideClient {
             let d = m.lookup_inode(dir)?;
             let st = m.getattr(&d, ceph_client::CEPH_STATX_MTIME, 0, perm)?;
             let was = st.stx_mtime;
-            let on = if was.tv_nsec < 999_999_999 {
-                ceph_client::Timespec {
-                    tv_sec: was.tv_sec,
-                    tv_nsec: was.tv_nsec + 1,
-                }
-            } else {
-                ceph_client::Timespec {
-                    tv_sec: was.tv_sec,
-                    tv_nsec: was.tv_nsec - 1,
-                }
+            let on = ceph_client::Timespec {
+                tv_nsec: if was.tv_nsec < 999_999_999 {
+                    was.tv_nsec + 1
+                } else {
+                    was.tv_nsec - 1
+                },
+                ..was
             };
             for t in [on, was] {
                 let set = ceph_client::Statx {
