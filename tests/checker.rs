@@ -13,7 +13,7 @@
 //! a listing of the tree it left), in the modes of `FSCHECK_MODES`. `FSCHECK_DAEMON_ARGS` adds
 //! daemon options (a hunt: `--log-level debug --ceph-opt debug_client=10`).
 //!
-//! On the host's daemon, the `never` mode's daemon keeps almost no libcephfs inodes ([`MODE_DAEMON_ARGS`]): nearly
+//! The `never` mode's daemon keeps almost no libcephfs inodes ([`MODE_DAEMON_ARGS`]): nearly
 //! every request finds its inode again by number, often from the MDS, the path a guest
 //! holding more inodes than `--held-inodes` takes.
 

@@ -10,8 +10,8 @@
 //! `SOAK_FAILOVER_SECS` (default 60) the time between failovers; the long run is
 //! `SOAK_SECS=3600 SOAK_FAILOVER_SECS=180`. `SOAK_DAEMON_ARGS` adds daemon options (say
 //! `--held-inodes 16 --inode-cache 128`, so that nodes give their inodes back all along).
-//! `SOAK_INJECT=KIND` makes the first fscheck run
-//! inject a fault (fscheck's `--inject`: flip, chmod, stray, ...): the test must then fail,
+//! `SOAK_INJECT=KIND` makes the first fscheck run inject a fault (fscheck's `--inject`: flip,
+//! chmod, stray, ...): the test must then fail,
 //! which shows the soak sees what the checker finds. Printed for the record: per failover how long it
 //! took and how soon after it the guest's ticker (a file created every second) was answered,
 //! with p50/p99, and the totals of each workload.

@@ -143,7 +143,7 @@ mod imp {
         }
     }
 
-    /// A small xorshift for offsets: the same sequence for both modes.
+    /// A small xorshift for offsets, seeded: a run's offsets repeat from run to run.
     struct Rng(u64);
 
     impl Rng {
@@ -161,6 +161,7 @@ mod imp {
         Write,
     }
 
+    #[derive(Clone)]
     struct Setup {
         file: Arc<File>,
         bs: usize,
@@ -178,18 +179,11 @@ mod imp {
         let t0 = Instant::now();
         let threads: Vec<_> = (0..depth)
             .map(|i| {
-                let file = Arc::clone(&s.file);
+                let s = s.clone();
                 let stop = Arc::clone(&stop);
-                let (bs, blocks) = (s.bs, s.blocks);
                 std::thread::spawn(move || {
-                    let s = Setup {
-                        file,
-                        bs,
-                        blocks,
-                        secs: Duration::ZERO,
-                    };
                     let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (i as u64 + 1));
-                    let mut buf = vec![0x5a; bs];
+                    let mut buf = vec![0x5a; s.bs];
                     let (mut lat, mut errors) = (Vec::new(), 0);
                     while !stop.load(Ordering::Relaxed) {
                         let off = offset(&mut rng, &s);
