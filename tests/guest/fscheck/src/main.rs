@@ -29,6 +29,7 @@ const USAGE: &str = "usage: fscheck --dir DIR [--seed N] [--ops N] [--as-user UI
                  `hang` sleeps in the operation: the watchdog must report HANG.
   --skip OPS     never generates these operations (to look past a known divergence).
   --max-time S   explicit times are drawn below S seconds (default 2^32: CephFS keeps 32 bits).
+  --trace        prints every operation, then the model's numbers of the inodes it touched.
   Exit: 0 ok, 1 divergence, 2 usage or setup error, 3 an operation hung (--op-timeout).";
 
 struct Args {
@@ -553,7 +554,11 @@ fn main() {
             }
         } else {
             history.push_back(format!("#{i} {desc}"));
-            world.run(&op)
+            let r = world.run(&op);
+            if a.trace {
+                println!("#{i}   touched inodes {:?}", world.last_touched());
+            }
+            r
         };
         watch_end();
         while history.len() > 20 {

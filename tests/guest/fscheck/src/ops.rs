@@ -288,6 +288,8 @@ pub struct World {
     pub counts: HashMap<&'static str, u64>,
     pub notes: Vec<String>,
     touched: Vec<Id>,
+    /// The inodes the last operation touched, for `--trace`.
+    last_touched: Vec<Id>,
     /// The filesystem's clock minus ours, in ns (see `calibrate`).
     pub clock_off: i128,
 }
@@ -324,6 +326,7 @@ impl World {
             counts: HashMap::new(),
             notes: Vec::new(),
             touched: Vec::new(),
+            last_touched: Vec::new(),
             clock_off: 0,
         }
     }
@@ -379,6 +382,11 @@ impl World {
         self.m.access(pid, 3)
     }
 
+    /// The model's ids of the inodes the last operation touched.
+    pub fn last_touched(&self) -> &[Id] {
+        &self.last_touched
+    }
+
     pub fn run(&mut self, op: &Op) -> Check {
         *self.counts.entry(op.name()).or_default() += 1;
         self.touched.clear();
@@ -386,6 +394,7 @@ impl World {
         let mut t = std::mem::take(&mut self.touched);
         t.sort();
         t.dedup();
+        self.last_touched.clone_from(&t);
         let fds = self.fds();
         for (i, &id) in t.iter().enumerate() {
             if let Err(d) = check_inode(&mut self.m, id, &fds) {
