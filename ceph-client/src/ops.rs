@@ -16,8 +16,8 @@ use crate::inode::Inode;
 use crate::mount::{Mount, Vino};
 use crate::perm::UserPerm;
 use crate::statx::{
-    Statx, Timespec, CEPH_NOSNAP, CEPH_SETATTR_MTIME, CEPH_SETATTR_MTIME_NOW, CEPH_SETATTR_SIZE,
-    CEPH_STATX_ALL_STATS, CEPH_STATX_SIZE,
+    Statx, Timespec, AT_STATX_DONT_SYNC, CEPH_NOSNAP, CEPH_SETATTR_MTIME, CEPH_SETATTR_MTIME_NOW,
+    CEPH_SETATTR_SIZE, CEPH_STATX_ALL_STATS, CEPH_STATX_SIZE,
 };
 use crate::sys;
 
@@ -134,7 +134,25 @@ impl Mount {
     }
 
     /// `ceph_ll_setattr`: set the fields of `stx` named by `mask` (`CEPH_SETATTR_*`).
+    ///
+    /// A size below the one this client has cached first waits for this client's writes of
+    /// the inode, those still in its cache and those on their way to the OSDs
+    /// (`ceph_ll_sync_inode`, data only). The MDS truncates the RADOS objects itself, once the
+    /// change is journaled, with no ordering against this client's writes; one that lands
+    /// after it (libcephfs starts writing a file's buffers back at close and returns, so a
+    /// close followed by an `O_TRUNC` open is enough) is trimmed by the OSD, but leaves the
+    /// object grown to where it began. Nothing shows that tail until an MDS failover makes
+    /// the MDS probe the objects of a file a client could write: then it becomes the file's
+    /// size (tests/stale_tail.rs). A size at or above the cached one truncates no object.
     pub fn setattr(&self, inode: &Inode, stx: &Statx, mask: u32, perms: &UserPerm) -> Result<()> {
+        if mask & CEPH_SETATTR_SIZE != 0 {
+            let cached = self
+                .getattr(inode, CEPH_STATX_SIZE, AT_STATX_DONT_SYNC, perms)?
+                .stx_size;
+            if stx.stx_size < cached {
+                self.sync_inode(inode, true)?;
+            }
+        }
         let call = self.enter("ceph_ll_setattr")?;
         let inode_p = inode.raw_on(&call, "ceph_ll_setattr")?;
         let mut copy = *stx;
