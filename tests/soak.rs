@@ -175,9 +175,11 @@ fn checker_fsx_and_a_metadata_storm_ride_out_mds_failovers() {
     let every = env_secs("SOAK_FAILOVER_SECS", 60);
     let seed = common::seed_from_env("SOAK_SEED");
     let shared = Lab::get();
-    let private = PrivateCluster::start_with(&shared, "soak-cluster", &["--standby-mds"]);
-    let lab = &private.lab;
     let name = format!("soak-{}", std::process::id());
+    // Named after the process too: a long run and a short one may share the lab.
+    let private =
+        PrivateCluster::start_with(&shared, &format!("{name}-cluster"), &["--standby-mds"]);
+    let lab = &private.lab;
     let export = lab.export_dir(&name);
     let work = lab.scratch(&name);
     let metrics = work.join("metrics.sock");
