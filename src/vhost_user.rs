@@ -53,6 +53,8 @@ use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
 mod bounce;
 mod cost;
+#[cfg(libcephfs_nonblocking)]
+mod nonblocking;
 mod pool;
 mod rescue;
 use crate::server::{
@@ -99,6 +101,10 @@ pub struct BackendOptions {
     /// re-enables guest notifications and sleeps; the window adapts below it (`crate::poll`).
     /// Zero = sleep at once.
     pub poll: Duration,
+    /// Serve READ and WRITE of O_DIRECT handles without a thread waiting for each
+    /// (`--nonblocking-io`); only builds against libcephfs 20 and later have that path, the
+    /// others serve everything the blocking way whatever this says.
+    pub nonblocking: bool,
 }
 
 /// Why a descriptor chain was returned to the guest unanswered.
@@ -121,6 +127,8 @@ pub enum ChainError {
 pub enum BackendError {
     #[error("--queues {0} is out of range (1 to 63)")]
     BadQueues(u16),
+    #[error("Cannot start the thread that answers async READ and WRITE requests")]
+    CompletionThread(#[source] io::Error),
 }
 
 /// Counts requests in flight so shutdown can wait for them. Entering and leaving are one atomic
@@ -202,6 +210,9 @@ struct Inner<F: FileSystem + Send + Sync> {
     /// Each queue's vring as its first kick of this connection brought it: what `resume`
     /// drains after a pause (requests that came meanwhile may have had their kick already).
     vrings: Vec<Mutex<Option<Vring>>>,
+    /// The async READ/WRITE path (`nonblocking`), when on.
+    #[cfg(libcephfs_nonblocking)]
+    aio: Option<nonblocking::Async>,
 }
 
 /// See [`Inner::gate`].
@@ -346,8 +357,19 @@ where
                 transfer: Mutex::new(None),
                 logging: AtomicBool::new(false),
                 vrings: (0..=usize::from(q)).map(|_| Mutex::new(None)).collect(),
+                #[cfg(libcephfs_nonblocking)]
+                aio: options.nonblocking.then(nonblocking::Async::default),
             }),
         };
+        // Without it nothing would answer an async request.
+        #[cfg(libcephfs_nonblocking)]
+        if backend.inner.aio.is_some() {
+            let weak = Arc::downgrade(&backend.inner);
+            std::thread::Builder::new()
+                .name("fuse-complete".to_owned())
+                .spawn(move || nonblocking::completion_loop(&weak))
+                .map_err(BackendError::CompletionThread)?;
+        }
         // Without a pool there is nobody to hand the requests behind a slow one to: every
         // request but SETLKW is served inline and in order, as the operator asked.
         if backend.inner.pool.is_some() {
@@ -536,6 +558,13 @@ where
             }
             let Some(pending) = self.pop(vring, mem, queue) else {
                 break;
+            };
+            #[cfg(libcephfs_nonblocking)]
+            let Some(pending) = (match &self.inner.aio {
+                Some(aio) => nonblocking::try_start(aio, &self.inner.server, pending, vring, queue),
+                None => Some(pending),
+            }) else {
+                continue;
             };
             let dispatch = Dispatch::of(pending.opcode());
             if dispatch == Dispatch::Waits {
@@ -950,6 +979,12 @@ fn complete_chain<F>(
             0
         }
     };
+    give_back(vring, head, used, queue);
+}
+
+/// Return chain `head` to the guest with `used` bytes written, and notify it when it asked
+/// to be (EVENT_IDX's used_event, or no NO_INTERRUPT).
+fn give_back(vring: &Vring, head: u16, used: u32, queue: usize) {
     if let Err(e) = vring.add_used(head, used) {
         warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
         return;

@@ -507,6 +507,7 @@ fn backend(threads: usize, tag: Option<&str>) -> (VhostUserFsBackend<TestFs>, Ar
         request_queues: 1,
         thread_pool_size: threads,
         poll: Duration::ZERO,
+        nonblocking: false,
     };
     let backend = VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
     (backend, fs)
@@ -519,6 +520,7 @@ fn polling_backend() -> VhostUserFsBackend<TestFs> {
         request_queues: 1,
         thread_pool_size: 0,
         poll: Duration::from_secs(3),
+        nonblocking: false,
     };
     VhostUserFsBackend::new(Arc::new(TestFs::default()), &options).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -967,6 +969,7 @@ fn rejects_bad_queue_count() {
         request_queues: 0,
         thread_pool_size: 0,
         poll: Duration::ZERO,
+        nonblocking: false,
     };
     assert!(matches!(
         VhostUserFsBackend::new(Arc::new(TestFs::default()), &options),
