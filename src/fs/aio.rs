@@ -17,11 +17,9 @@
 
 use std::collections::HashMap;
 
-use ceph_client::aio::{IoQueue, WriteSync};
-use vm_memory::Bytes;
-
 use super::*;
 use crate::server::wire::{AsyncReply, AsyncStart, FUSE_READ, FUSE_WRITE};
+use ceph_client::aio::{IoQueue, WriteSync};
 
 /// The operations in flight: where libcephfs puts their completions, and what a write needs
 /// once it completes.
@@ -67,7 +65,12 @@ impl FileReadWriteVolatile for Collect<'_> {
             let at = self.0.len();
             self.0.resize(at + b.len(), 0);
             let dst = self.0.get_mut(at..).unwrap_or_default();
-            b.read_slice(dst, 0).map_err(|_| errno(libc::EFAULT))?;
+            // Not `Bytes::read_slice` of `FileVolatileSlice`: fuse-backend-rs 0.14 implements it
+            // with `write_slice` (it would zero the guest's data and copy nothing).
+            // `VolatileSlice::copy_to` is vm-memory's volatile copy out of the slice.
+            if b.as_volatile_slice().copy_to(dst) != b.len() {
+                return Err(errno(libc::EFAULT));
+            }
             n += b.len();
         }
         Ok(n)

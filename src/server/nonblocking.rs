@@ -23,8 +23,7 @@ use vm_memory::bitmap::BitmapSlice;
 
 use super::wire::{AsyncReply, AsyncStart, ExtraOps, ReplyHead, FUSE_READ, FUSE_WRITE};
 use super::{
-    in_struct_len, inflight, reply, reply_error, request_info, write_reply, FuseServer,
-    ServerError,
+    in_struct_len, inflight, reply, reply_error, request_info, write_reply, FuseServer, ServerError,
 };
 
 /// fuse-backend-rs's `BUFFER_HEADER_SIZE` (private there): a request declaring more than
@@ -136,15 +135,8 @@ where
         let started = match arg {
             Args::Read(a) => {
                 let room = writer.available_bytes() - size_of::<OutHeader>();
-                self.fs.async_read(
-                    &ctx,
-                    header.nodeid,
-                    a.fh,
-                    a.size,
-                    a.offset,
-                    room,
-                    tag,
-                )
+                self.fs
+                    .async_read(&ctx, header.nodeid, a.fh, a.size, a.offset, room, tag)
             }
             Args::Write(a) => self.fs.async_write(
                 &ctx,

@@ -101,9 +101,7 @@ where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
     let header = match p.header {
-        Some(h) if queue != HIPRIO_QUEUE && (h.opcode == FUSE_READ || h.opcode == FUSE_WRITE) => {
-            h
-        }
+        Some(h) if queue != HIPRIO_QUEUE && (h.opcode == FUSE_READ || h.opcode == FUSE_WRITE) => h,
         _ => return Some(p),
     };
     if chain_loops(&p.chain) {
@@ -209,13 +207,10 @@ where
     let used = used_len(written, queue, head);
     give_back(&vring, head, used, queue);
     drop(pending);
+    tracing::debug!(queue, head, used, "async request answered");
 }
 
-fn used_len(
-    written: Result<usize, crate::server::ServerError>,
-    queue: usize,
-    head: u16,
-) -> u32 {
+fn used_len(written: Result<usize, crate::server::ServerError>, queue: usize, head: u16) -> u32 {
     match written {
         Ok(n) => u32::try_from(n).unwrap_or(0),
         Err(e) => {
