@@ -149,6 +149,12 @@ impl InFlight {
         InFlightGuard(self.clone())
     }
 
+    /// Whether another request is in flight besides the caller's own.
+    #[cfg(libcephfs_nonblocking)]
+    fn others(&self) -> bool {
+        self.count.load(Ordering::Relaxed) > 1
+    }
+
     /// Wait until nothing is in flight, at most `limit`; false if requests are still running.
     fn wait_idle(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
@@ -559,10 +565,18 @@ where
             let Some(pending) = self.pop(vring, mem, queue) else {
                 break;
             };
+            // Sending may wait (caps from the MDS, a privilege kill, the size under the caps):
+            // watched as a request served inline, so the rescuer hands what queues behind it
+            // to the workers. A request alone (none other in flight, none behind it in the
+            // ring) goes the blocking way (see `nonblocking`: at depth 1 the async path does
+            // not pay).
             #[cfg(libcephfs_nonblocking)]
             let Some(pending) = (match &self.inner.aio {
-                Some(aio) => nonblocking::try_start(aio, &self.inner.server, pending, vring, queue),
-                None => Some(pending),
+                Some(aio) if self.inner.in_flight.others() || more_avail(vring, mem) => {
+                    let _inline = self.inner.watch.enter(queue);
+                    nonblocking::try_start(aio, &self.inner.server, pending, vring, queue)
+                }
+                _ => Some(pending),
             }) else {
                 continue;
             };
@@ -836,6 +850,23 @@ where
             }
         })
     }
+}
+
+/// Whether the guest has made requests that are not popped yet (read lock-free, as
+/// `poll_avail` does).
+#[cfg(libcephfs_nonblocking)]
+fn more_avail(vring: &Vring, mem: &GuestMem) -> bool {
+    let (ring, next) = {
+        let state = vring.get_ref();
+        let q = state.get_queue();
+        (q.avail_ring(), q.next_avail())
+    };
+    let Some(idx_at) = GuestAddress(ring).checked_add(2) else {
+        return false;
+    };
+    mem.memory()
+        .load::<u16>(idx_at, Ordering::Acquire)
+        .is_ok_and(|idx| u16::from_le(idx) != next)
 }
 
 /// The rescuer thread (see `rescue`): while requests are served inline, look every

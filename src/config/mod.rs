@@ -1036,6 +1036,35 @@ mod tests {
         }
     }
 
+    /// `--nonblocking-io`: auto follows the build, on is refused by a build without the async
+    /// path, off is off; the file's key, overridden by the command line.
+    #[test]
+    fn nonblocking_io_follows_the_build() {
+        let auto = parse(&["--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(auto.nonblocking_io, NONBLOCKING_BUILT);
+        let off = parse(&["--fd=3", "--nonblocking-io", "off"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!off.nonblocking_io);
+        match parse(&["--fd=3", "--nonblocking-io", "on"]) {
+            Ok(c) => assert!(NONBLOCKING_BUILT && c.nonblocking_io),
+            Err(e) => assert!(
+                !NONBLOCKING_BUILT && matches!(e, ConfigError::NonblockingUnsupported),
+                "{e}"
+            ),
+        }
+        let file: FileConfig = toml::from_str(
+            r#"
+            [vhost-user]
+            socket-path = "/run/file.sock"
+            nonblocking-io = "off"
+            "#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--nonblocking-io", "auto"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.nonblocking_io, NONBLOCKING_BUILT);
+    }
+
     #[test]
     fn cli_overrides_file() {
         let file: FileConfig = toml::from_str(

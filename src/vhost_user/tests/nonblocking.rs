@@ -442,3 +442,32 @@ fn stop_waits_for_async_requests_in_flight() {
     assert_eq!(fs.aio.started(), 8);
     assert_eq!(driver.used_idx(), 8);
 }
+
+/// A READ alone (nothing else in flight, nothing behind it in the ring) is served the blocking
+/// way: at depth 1 the async path does not pay. The next burst goes async again.
+#[test]
+fn a_lone_request_goes_the_blocking_way() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = async_backend(2);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let reply = driver.submit(&request(FUSE_READ, 1, 5, read_in(ASYNC_FH, 64, 128)), 256);
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 1);
+    assert_eq!(fs.aio.started(), 0, "served the blocking way");
+    let out: OutHeader = driver.read(reply);
+    assert_eq!((out.error, out.unique, out.len), (0, 1, 16 + 128));
+    for i in 0..4u64 {
+        driver.submit(
+            &request(FUSE_READ, 10 + i, 5, read_in(ASYNC_FH, i, 64)),
+            256,
+        );
+    }
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 5);
+    assert!(fs.aio.started() >= 3, "a burst goes async");
+    assert!(backend.stop_and_drain(Duration::from_secs(5)));
+}
