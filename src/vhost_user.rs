@@ -15,7 +15,10 @@
 //! FUSE `Reader`/`Writer` from the chain, calls the server, then returns the chain
 //! (`add_used`) and notifies the guest when EVENT_IDX says so. After a drain the queue thread
 //! polls the ring before it sleeps, with guest notifications off, for an adaptive window of
-//! at most `--poll-us` (`crate::poll`).
+//! at most `--poll-us` (`crate::poll`). In builds against libcephfs 20, READ and WRITE of
+//! O_DIRECT handles with other requests in flight are sent from the queue thread without a
+//! thread waiting for them and answered by a completion thread (`nonblocking`,
+//! `--nonblocking-io`).
 //!
 //! This layer knows nothing of Ceph: it is generic over the filesystem.
 

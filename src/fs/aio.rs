@@ -139,7 +139,8 @@ impl CephFs {
             let n = self.write_through(&f, target, bypassed, data, size, offset)?;
             return Ok(AsyncStart::Done(AsyncReply::Written(n)));
         }
-        let mut buf = Vec::with_capacity(to_len(size)?);
+        // Grown by what the chain holds, not by the size the guest claims.
+        let mut buf = Vec::new();
         let n = data.read_to(&mut Collect(&mut buf), to_len(size)?, offset)?;
         buf.truncate(n);
         if buf.is_empty() {

@@ -124,7 +124,14 @@ where
                 Err(_) => return Started::NotTaken,
             }
         };
-        if !self.fs.async_takes(opcode, header.nodeid, fh) {
+        // The data goes through a buffer of the request's size: no more than a request the
+        // guest kernel sends (fuse-backend-rs's MAX_BUFFER_SIZE; max_pages is below it). A
+        // larger one goes the blocking way, which moves it in place.
+        let size = match &arg {
+            Args::Read(a) => a.size,
+            Args::Write(a) => a.size,
+        };
+        if size > MAX_BUFFER_SIZE || !self.fs.async_takes(opcode, header.nodeid, fh) {
             return Started::NotTaken;
         }
         let request = AsyncRequest {

@@ -385,6 +385,11 @@ fn odd_requests_get_the_blocking_answers() {
         ),
         (write_request(11, ASYNC_FH + 1, 0, &[1, 2, 3]), 64),
         (request(FUSE_READ, 12, 5, read_in(ASYNC_FH, 100, 64)), 256),
+        // Larger than any request a guest kernel sends: the blocking way.
+        (
+            request(FUSE_READ, 13, 5, read_in(ASYNC_FH, 0, 2 << 20)),
+            256,
+        ),
     ];
     let blocking = replies(false, &requests);
     let nonblocking = replies(true, &requests);
