@@ -203,11 +203,11 @@ pub struct Args {
     pub poll_us: Option<u64>,
 
     /// Serve READ and WRITE of files the guest opened O_DIRECT with libcephfs's asynchronous
-    /// calls (ceph_ll_nonblocking_readv_writev, libcephfs 20 and later): the request is sent
-    /// from the queue thread and answered when the OSDs are, and no thread waits for it.
-    /// Cached (non-O_DIRECT) I/O is always served the blocking way. auto = on where the
-    /// daemon was built against libcephfs 20 or later; on fails to start elsewhere.
-    /// Default: auto.
+    /// calls (ceph_ll_nonblocking_readv_writev, libcephfs 20 and later) while other requests
+    /// are in flight: the request is sent from the queue thread and answered when the OSDs
+    /// are, and no thread waits for it. A request alone, and cached (non-O_DIRECT) I/O, are
+    /// served the blocking way. auto = on where the daemon was built against libcephfs 20 or
+    /// later; on fails to start elsewhere. Default: auto.
     #[arg(long, value_name = "MODE")]
     pub nonblocking_io: Option<NonblockingIo>,
 
