@@ -66,8 +66,8 @@ impl std::fmt::Debug for Async {
 }
 
 enum Entry {
-    /// Sent, waiting for its completion.
-    Waiting(Op),
+    /// Sent, waiting for its completion (boxed: the map holds many, most of them waiting).
+    Waiting(Box<Op>),
     /// Completed before the queue thread filed it.
     Early(io::Result<AsyncReply>),
 }
@@ -133,12 +133,12 @@ where
             None
         }
         Some(Started::Sent(request)) => {
-            let op = Op {
+            let op = Box::new(Op {
                 pending: p,
                 request,
                 vring: vring.clone(),
                 queue,
-            };
+            });
             let mut ops = aio.ops();
             match ops.remove(&tag) {
                 Some(Entry::Early(result)) => {
@@ -190,7 +190,7 @@ where
 }
 
 /// Write the answer into the request's chain, give the chain back and let its guards go.
-fn answer<F>(server: &FuseServer<F>, op: Op, result: io::Result<AsyncReply>)
+fn answer<F>(server: &FuseServer<F>, op: Box<Op>, result: io::Result<AsyncReply>)
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
@@ -199,7 +199,7 @@ where
         request,
         vring,
         queue,
-    } = op;
+    } = *op;
     let head = pending.chain.head_index();
     let written = match VirtioFsWriter::new(&*pending.guard, pending.chain.clone()) {
         Ok(w) => server.finish_async(request, result, Writer::from(w)),
