@@ -45,6 +45,18 @@ pub enum Switch {
     Off,
 }
 
+/// `--nonblocking-io`: how READ and WRITE of O_DIRECT files are served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NonblockingIo {
+    /// On where the daemon was built against libcephfs 20 or later, off elsewhere.
+    Auto,
+    /// On; a daemon built against an older libcephfs refuses to start.
+    On,
+    /// Every READ and WRITE waits in a thread for libcephfs.
+    Off,
+}
+
 /// What a migration destination does with a node or handle it cannot find again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -189,6 +201,15 @@ pub struct Args {
     /// they do not), so an idle or slow guest costs no CPU. 0 = never poll. Default: 50.
     #[arg(long, value_name = "US")]
     pub poll_us: Option<u64>,
+
+    /// Serve READ and WRITE of files the guest opened O_DIRECT with libcephfs's asynchronous
+    /// calls (ceph_ll_nonblocking_readv_writev, libcephfs 20 and later) while other requests
+    /// are in flight: the request is sent from the queue thread and answered when the OSDs
+    /// are, and no thread waits for it. A request alone, and cached (non-O_DIRECT) I/O, are
+    /// served the blocking way. auto = on where the daemon was built against libcephfs 20 or
+    /// later; on fails to start elsewhere. Default: auto.
+    #[arg(long, value_name = "MODE")]
+    pub nonblocking_io: Option<NonblockingIo>,
 
     /// Keep listening after the frontend disconnects, for a reconnecting frontend, instead of
     /// exiting.

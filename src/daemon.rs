@@ -143,6 +143,7 @@ pub fn serve_session<F: Served>(
             request_queues: config.queues,
             thread_pool_size: config.thread_pool_size,
             poll: std::time::Duration::from_micros(config.poll_us),
+            nonblocking: config.nonblocking_io,
         },
     )
     .map_err(DaemonError::Backend)?;
@@ -783,6 +784,7 @@ mod tests {
             request_queues: 1,
             thread_pool_size: 1,
             poll: std::time::Duration::ZERO,
+            nonblocking: false,
         };
         let backend =
             VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));

@@ -281,6 +281,7 @@ fn main() -> ExitCode {
     }
     info!(
         version = env!("CARGO_PKG_VERSION"),
+        nonblocking_io = config.nonblocking_io,
         "ceph-virtiofsd starting"
     );
     match run(&config) {

@@ -31,6 +31,8 @@ use vm_memory::ByteValued;
 use crate::metrics;
 use crate::metrics::inflight::{self, RequestInfo};
 
+#[cfg(libcephfs_nonblocking)]
+pub mod nonblocking;
 pub mod wire;
 
 pub use wire::{ExtraOps, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
@@ -145,9 +147,6 @@ where
         let _entered = span.enter();
         let result = self.dispatch(&header, reader, peek, writer);
         let elapsed = start.elapsed();
-        if let Some(t) = tracked {
-            t.finish(elapsed);
-        }
         let reply = match &result {
             Ok(n) if *n >= OUT_HEADER_LEN => {
                 let (head, filled) = reply_head(*n);
@@ -159,20 +158,37 @@ where
                 None
             }
         };
-        metrics::global().record_request(header.opcode, reply.as_ref(), elapsed);
-        if reply.as_ref().is_some_and(|r| r.errno == libc::ESHUTDOWN) {
+        self.answered(&header, tracked, reply.as_ref(), elapsed, &span);
+        result
+    }
+
+    /// A request was answered after `elapsed` with `reply` (`None`: no out-header): clear its
+    /// watchdog slot, count it, note a lost session, log it in `span`. Every request ends
+    /// here, on the blocking path and on the async one (`nonblocking`).
+    fn answered(
+        &self,
+        header: &InHeader,
+        tracked: Option<inflight::Tracked>,
+        reply: Option<&ReplyHead>,
+        elapsed: std::time::Duration,
+        span: &tracing::Span,
+    ) {
+        if let Some(t) = tracked {
+            t.finish(elapsed);
+        }
+        metrics::global().record_request(header.opcode, reply, elapsed);
+        if reply.is_some_and(|r| r.errno == libc::ESHUTDOWN) {
             // libcephfs's answer once this client is evicted: recover the session.
             self.fs.session_lost();
         }
         if tracing::enabled!(tracing::Level::DEBUG) {
             let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
             span.record("us", us);
-            if let Some(r) = &reply {
+            if let Some(r) = reply {
                 span.record("errno", r.errno);
             }
             tracing::debug!("FUSE request done");
         }
-        result
     }
 
     fn dispatch<S: BitmapSlice>(

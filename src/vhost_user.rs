@@ -15,7 +15,10 @@
 //! FUSE `Reader`/`Writer` from the chain, calls the server, then returns the chain
 //! (`add_used`) and notifies the guest when EVENT_IDX says so. After a drain the queue thread
 //! polls the ring before it sleeps, with guest notifications off, for an adaptive window of
-//! at most `--poll-us` (`crate::poll`).
+//! at most `--poll-us` (`crate::poll`). In builds against libcephfs 20, READ and WRITE of
+//! O_DIRECT handles with other requests in flight are sent from the queue thread without a
+//! thread waiting for them and answered by a completion thread (`nonblocking`,
+//! `--nonblocking-io`).
 //!
 //! This layer knows nothing of Ceph: it is generic over the filesystem.
 
@@ -53,6 +56,8 @@ use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
 mod bounce;
 mod cost;
+#[cfg(libcephfs_nonblocking)]
+mod nonblocking;
 mod pool;
 mod rescue;
 use crate::server::{
@@ -99,6 +104,10 @@ pub struct BackendOptions {
     /// re-enables guest notifications and sleeps; the window adapts below it (`crate::poll`).
     /// Zero = sleep at once.
     pub poll: Duration,
+    /// Serve READ and WRITE of O_DIRECT handles without a thread waiting for each
+    /// (`--nonblocking-io`); only builds against libcephfs 20 and later have that path, the
+    /// others serve everything the blocking way whatever this says.
+    pub nonblocking: bool,
 }
 
 /// Why a descriptor chain was returned to the guest unanswered.
@@ -121,6 +130,8 @@ pub enum ChainError {
 pub enum BackendError {
     #[error("--queues {0} is out of range (1 to 63)")]
     BadQueues(u16),
+    #[error("Cannot start the thread that answers async READ and WRITE requests")]
+    CompletionThread(#[source] io::Error),
 }
 
 /// Counts requests in flight so shutdown can wait for them. Entering and leaving are one atomic
@@ -139,6 +150,12 @@ impl InFlight {
     fn enter(self: &Arc<Self>) -> InFlightGuard {
         self.count.fetch_add(1, Ordering::AcqRel);
         InFlightGuard(self.clone())
+    }
+
+    /// Whether another request is in flight besides the caller's own.
+    #[cfg(libcephfs_nonblocking)]
+    fn others(&self) -> bool {
+        self.count.load(Ordering::Relaxed) > 1
     }
 
     /// Wait until nothing is in flight, at most `limit`; false if requests are still running.
@@ -202,6 +219,9 @@ struct Inner<F: FileSystem + Send + Sync> {
     /// Each queue's vring as its first kick of this connection brought it: what `resume`
     /// drains after a pause (requests that came meanwhile may have had their kick already).
     vrings: Vec<Mutex<Option<Vring>>>,
+    /// The async READ/WRITE path (`nonblocking`), when on.
+    #[cfg(libcephfs_nonblocking)]
+    aio: Option<nonblocking::Async>,
 }
 
 /// See [`Inner::gate`].
@@ -346,8 +366,19 @@ where
                 transfer: Mutex::new(None),
                 logging: AtomicBool::new(false),
                 vrings: (0..=usize::from(q)).map(|_| Mutex::new(None)).collect(),
+                #[cfg(libcephfs_nonblocking)]
+                aio: options.nonblocking.then(nonblocking::Async::default),
             }),
         };
+        // Without it nothing would answer an async request.
+        #[cfg(libcephfs_nonblocking)]
+        if backend.inner.aio.is_some() {
+            let weak = Arc::downgrade(&backend.inner);
+            std::thread::Builder::new()
+                .name("fuse-complete".to_owned())
+                .spawn(move || nonblocking::completion_loop(&weak))
+                .map_err(BackendError::CompletionThread)?;
+        }
         // Without a pool there is nobody to hand the requests behind a slow one to: every
         // request but SETLKW is served inline and in order, as the operator asked.
         if backend.inner.pool.is_some() {
@@ -536,6 +567,21 @@ where
             }
             let Some(pending) = self.pop(vring, mem, queue) else {
                 break;
+            };
+            // Sending may wait (caps from the MDS, a privilege kill, the size under the caps):
+            // watched as a request served inline, so the rescuer hands what queues behind it
+            // to the workers. A request alone (none other in flight, none behind it in the
+            // ring) goes the blocking way (see `nonblocking`: at depth 1 the async path does
+            // not pay).
+            #[cfg(libcephfs_nonblocking)]
+            let Some(pending) = (match &self.inner.aio {
+                Some(aio) if self.inner.in_flight.others() || more_avail(vring, mem) => {
+                    let _inline = self.inner.watch.enter(queue);
+                    nonblocking::try_start(aio, &self.inner.server, pending, vring, queue)
+                }
+                _ => Some(pending),
+            }) else {
+                continue;
             };
             let dispatch = Dispatch::of(pending.opcode());
             if dispatch == Dispatch::Waits {
@@ -809,6 +855,23 @@ where
     }
 }
 
+/// Whether the guest has made requests that are not popped yet (read lock-free, as
+/// `poll_avail` does).
+#[cfg(libcephfs_nonblocking)]
+fn more_avail(vring: &Vring, mem: &GuestMem) -> bool {
+    let (ring, next) = {
+        let state = vring.get_ref();
+        let q = state.get_queue();
+        (q.avail_ring(), q.next_avail())
+    };
+    let Some(idx_at) = GuestAddress(ring).checked_add(2) else {
+        return false;
+    };
+    mem.memory()
+        .load::<u16>(idx_at, Ordering::Acquire)
+        .is_ok_and(|idx| u16::from_le(idx) != next)
+}
+
 /// The rescuer thread (see `rescue`): while requests are served inline, look every
 /// `rescue::TICK` for a queue whose inline request has run past `rescue::LIMIT`; sleep while
 /// none is. Ends once its backend is gone.
@@ -950,6 +1013,12 @@ fn complete_chain<F>(
             0
         }
     };
+    give_back(vring, head, used, queue);
+}
+
+/// Return chain `head` to the guest with `used` bytes written, and notify it when it asked
+/// to be (EVENT_IDX's used_event, or no NO_INTERRUPT).
+fn give_back(vring: &Vring, head: u16, used: u32, queue: usize) {
     if let Err(e) = vring.add_used(head, used) {
         warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
         return;

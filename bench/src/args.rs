@@ -41,7 +41,8 @@ pub struct Args {
     #[arg(long, default_value_t = 2)]
     pub rounds: usize,
     /// Comma-separated workloads: walk48, walk5, open-close, create-unlink, readdir5000,
-    /// randwrite4k, seqwrite1m, seqread1m, stat-storm (= stat-storm-1,-4,-32), stat-storm-N, all.
+    /// randwrite4k, seqwrite1m, seqread1m, stat-storm (= stat-storm-1,-4,-32), stat-storm-N, all;
+    /// randread4k (O_DIRECT random reads of the randwrite4k file) only when named.
     #[arg(long, default_value = "all", value_delimiter = ',')]
     pub workload: Vec<String>,
     /// Write results (summary + per round) as JSON to this file.

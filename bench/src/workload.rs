@@ -35,6 +35,9 @@ pub enum Workload {
     CreateUnlink,
     Readdir5000,
     Randwrite4k,
+    /// O_DIRECT 4 KiB random reads of the randwrite4k file, at its depth (not in `all`: the
+    /// async READ path's measurement, README "Nonblocking I/O").
+    Randread4k,
     Seqwrite1m,
     Seqread1m,
     StatStorm(usize),
@@ -66,6 +69,7 @@ impl Workload {
             Workload::CreateUnlink => "create-unlink".into(),
             Workload::Readdir5000 => "readdir5000".into(),
             Workload::Randwrite4k => "randwrite4k".into(),
+            Workload::Randread4k => "randread4k".into(),
             Workload::Seqwrite1m => "seqwrite1m".into(),
             Workload::Seqread1m => "seqread1m".into(),
             Workload::StatStorm(n) => format!("stat-storm-{n}"),
@@ -93,6 +97,7 @@ impl Workload {
         }
         Self::all()
             .into_iter()
+            .chain([Workload::Randread4k])
             .find(|w| w.name() == s)
             .map(|w| vec![w])
     }
@@ -101,7 +106,10 @@ impl Workload {
     pub fn is_bandwidth(&self) -> bool {
         matches!(
             self,
-            Workload::Randwrite4k | Workload::Seqwrite1m | Workload::Seqread1m
+            Workload::Randwrite4k
+                | Workload::Randread4k
+                | Workload::Seqwrite1m
+                | Workload::Seqread1m
         )
     }
 }
@@ -604,6 +612,35 @@ fn randwrite(b: &mut dyn Backend, p: &Params, probe: Probe) -> Result<Sample, Wo
     })
 }
 
+/// randwrite4k's reads: O_DIRECT, so each goes to the OSDs (the file was sized at setup;
+/// where randwrite4k has not written it reads zeros, which cost the OSDs the same).
+fn randread(b: &mut dyn Backend, p: &Params, probe: Probe) -> Result<Sample, WorkloadError> {
+    let blocks = (p.randwrite_file_mib << 20) / 4096;
+    let seed = p.seed;
+    let (ops, depth, user) = (p.randwrite_ops, p.randwrite_depth, p.user);
+    with_open(
+        b,
+        p,
+        "rw",
+        libc::O_RDONLY | libc::O_DIRECT,
+        |b, node, fh| {
+            let make = move |i: usize| Op::Read {
+                node,
+                fh,
+                offset: (mix(seed ^ i as u64) % blocks.max(1)) * 4096,
+                len: 4096,
+            };
+            let before = probe();
+            let mut s = b
+                .pipeline(user, depth, ops, &make)
+                .map(|x| Sample::from_batch(x, 1))
+                .map_err(step("randread4k"))?;
+            s.mds_requests = delta(before, probe());
+            Ok(s)
+        },
+    )
+}
+
 fn seq(
     b: &mut dyn Backend,
     p: &Params,
@@ -716,6 +753,7 @@ pub fn run(
         Workload::CreateUnlink => create_unlink(b, p),
         Workload::Readdir5000 => readdir(b, p),
         Workload::Randwrite4k => return randwrite(b, p, probe),
+        Workload::Randread4k => return randread(b, p, probe),
         Workload::Seqwrite1m => return seq(b, p, true, probe),
         Workload::Seqread1m => return seq(b, p, false, probe),
         Workload::StatStorm(n) => return stat_storm(b, p, n, probe),

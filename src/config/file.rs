@@ -70,6 +70,7 @@ pub struct FileVhostUser {
     pub thread_pool_size: Option<usize>,
     pub queues: Option<u16>,
     pub poll_us: Option<u64>,
+    pub nonblocking_io: Option<cli::NonblockingIo>,
     pub keep_serving: Option<bool>,
     pub migration_on_error: Option<cli::MigrationOnError>,
     pub handover: Option<PathBuf>,

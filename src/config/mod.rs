@@ -29,6 +29,10 @@ pub use file::{
 /// Default maximum of FUSE worker threads (started on demand, gone when idle), as QEMU's
 /// thread pool for blocking I/O.
 pub const DEFAULT_THREAD_POOL_SIZE: usize = 64;
+/// Whether this daemon was built against a libcephfs with `ceph_ll_nonblocking_readv_writev`
+/// (libcephfs 20 and later): what `--nonblocking-io auto` turns into.
+pub const NONBLOCKING_BUILT: bool = cfg!(libcephfs_nonblocking);
+
 /// Default request-queue polling window, in microseconds (`--poll-us`).
 pub const DEFAULT_POLL_US: u64 = 50;
 /// Longest polling window we accept: beyond a millisecond polling only burns CPU.
@@ -89,6 +93,9 @@ pub struct Config {
     /// The most a request queue thread polls for more requests before sleeping (0 = never);
     /// the window adapts below it.
     pub poll_us: u64,
+    /// READ and WRITE of O_DIRECT handles through libcephfs's async calls (`--nonblocking-io`,
+    /// resolved against what this build has).
+    pub nonblocking_io: bool,
     pub keep_serving: bool,
     /// Live migration: what a destination does with entries it cannot resolve.
     pub migration_on_error: crate::migration::OnError,
@@ -161,6 +168,8 @@ pub enum ConfigError {
     BadQueues(u16),
     #[error("--poll-us {0} is out of range: use 0 (no polling) to 1000")]
     BadPoll(u64),
+    #[error("--nonblocking-io on needs a daemon built against libcephfs 20 or later (ceph_ll_nonblocking_readv_writev); this one was not: use auto or off")]
+    NonblockingUnsupported,
     #[error("Ceph root {0:?} must be an absolute CephFS path such as / or /volumes/vm1")]
     BadCephRoot(String),
     #[error("Ceph option {0:?} must be KEY=VALUE with a non-empty KEY")]
@@ -480,6 +489,17 @@ impl Config {
             return Err(ConfigError::BadPoll(poll_us));
         }
 
+        let nonblocking_io = match args
+            .nonblocking_io
+            .or(file.vhost_user.nonblocking_io)
+            .unwrap_or(crate::args::NonblockingIo::Auto)
+        {
+            crate::args::NonblockingIo::Auto => NONBLOCKING_BUILT,
+            crate::args::NonblockingIo::On if NONBLOCKING_BUILT => true,
+            crate::args::NonblockingIo::On => return Err(ConfigError::NonblockingUnsupported),
+            crate::args::NonblockingIo::Off => false,
+        };
+
         let thread_pool_size = args
             .thread_pool_size
             .or(legacy.thread_pool_size)
@@ -644,6 +664,7 @@ impl Config {
             thread_pool_size,
             queues,
             poll_us,
+            nonblocking_io,
             keep_serving: args.keep_serving || file.vhost_user.keep_serving.unwrap_or(false),
             handover: args.handover.or(file.vhost_user.handover),
             migration_on_error: match args
@@ -1013,6 +1034,35 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    /// `--nonblocking-io`: auto follows the build, on is refused by a build without the async
+    /// path, off is off; the file's key, overridden by the command line.
+    #[test]
+    fn nonblocking_io_follows_the_build() {
+        let auto = parse(&["--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(auto.nonblocking_io, NONBLOCKING_BUILT);
+        let off = parse(&["--fd=3", "--nonblocking-io", "off"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!off.nonblocking_io);
+        match parse(&["--fd=3", "--nonblocking-io", "on"]) {
+            Ok(c) => assert!(NONBLOCKING_BUILT && c.nonblocking_io),
+            Err(e) => assert!(
+                !NONBLOCKING_BUILT && matches!(e, ConfigError::NonblockingUnsupported),
+                "{e}"
+            ),
+        }
+        let file: FileConfig = toml::from_str(
+            r#"
+            [vhost-user]
+            socket-path = "/run/file.sock"
+            nonblocking-io = "off"
+            "#,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--nonblocking-io", "auto"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.nonblocking_io, NONBLOCKING_BUILT);
     }
 
     #[test]

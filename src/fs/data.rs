@@ -20,14 +20,28 @@ impl CephFs {
         _lock_owner: Option<u64>,
         _flags: u32,
     ) -> io::Result<usize> {
-        range(offset, u64::from(size))?;
-        let f = self.file(inode, handle, "read", ctx.guest_uid())?;
-        self.note_buffered(&f);
-        let len = self.read_len(&f, offset, to_len(size)?)?;
+        let (f, len) = self.read_start(ctx, inode, handle, size, offset)?;
         if len == 0 {
             return Ok(0);
         }
         w.write_from(&mut CephIo(&f.file), len, offset)
+    }
+
+    /// What a READ does before it reads, on either path (blocking here, `fs::aio`): the
+    /// range, the handle, the note of buffered I/O, and how much may be read (`read_len`).
+    pub(super) fn read_start(
+        &self,
+        ctx: &Caller,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<(Arc<OpenFile>, usize)> {
+        range(offset, u64::from(size))?;
+        let f = self.file(inode, handle, "read", ctx.guest_uid())?;
+        self.note_buffered(&f);
+        let len = self.read_len(&f, offset, to_len(size)?)?;
+        Ok((f, len))
     }
 
     /// How much of a read of `len` bytes at `off` through `f` may be asked of libcephfs: never
@@ -68,6 +82,22 @@ impl CephFs {
         _flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
+        let f = self.write_start(ctx, inode, handle, size, offset, fuse_flags)?;
+        let (target, bypassed) = self.write_target(&f);
+        self.write_through(&f, target, bypassed, r, size, offset)
+    }
+
+    /// What a WRITE does before it writes, on either path (blocking here, `fs::aio`): the
+    /// range, the handle, and the kill of suid/sgid (KILLPRIV_V2).
+    pub(super) fn write_start(
+        &self,
+        ctx: &Caller,
+        inode: u64,
+        handle: u64,
+        size: u32,
+        offset: u64,
+        fuse_flags: u32,
+    ) -> io::Result<Arc<OpenFile>> {
         range(offset, u64::from(size))?;
         let f = self.file(inode, handle, "write", ctx.guest_uid())?;
         if self.killpriv_on() {
@@ -79,10 +109,23 @@ impl CephFs {
                 &self.perm(ctx),
             )?;
         }
-        let (target, bypassed) = self.write_target(&f);
+        Ok(f)
+    }
+
+    /// The blocking write of a WRITE through `f` to `target` (from [`Self::write_target`]),
+    /// straight from guest memory.
+    pub(super) fn write_through(
+        &self,
+        f: &OpenFile,
+        target: &File,
+        bypassed: bool,
+        r: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+    ) -> io::Result<usize> {
         let n = r.read_to(&mut CephIo(target), to_len(size)?, offset)?;
         if bypassed {
-            self.after_direct_write(&f, offset, n)?;
+            self.after_direct_write(f, offset, n)?;
         }
         Ok(n)
     }
@@ -204,13 +247,13 @@ impl CephFs {
     /// The libcephfs handle a write through `f` goes to, and whether it bypasses the cache
     /// (then [`Self::after_direct_write`] must follow). An O_DIRECT write of an inode whose
     /// data the cache may hold goes through the cache (see [`OpenFile::writer`]).
-    fn write_target<'a>(&self, f: &'a OpenFile) -> (&'a File, bool) {
+    pub(super) fn write_target<'a>(&self, f: &'a OpenFile) -> (&'a File, bool) {
         match &f.writer {
             Some(twin) if self.cached.contains(f.ino) => (twin, false),
-            Some(_) => (&f.file, true),
+            Some(_) => (&*f.file, true),
             None => {
                 self.note_buffered(f);
-                (&f.file, false)
+                (&*f.file, false)
             }
         }
     }
@@ -219,7 +262,7 @@ impl CephFs {
     /// it ran, the cache may have read the old bytes of the range meanwhile. Write the range
     /// again through the cache, as read back from the OSDs (rare: a buffered reader racing a
     /// direct writer of the same file).
-    fn after_direct_write(&self, f: &OpenFile, off: u64, len: usize) -> io::Result<()> {
+    pub(super) fn after_direct_write(&self, f: &OpenFile, off: u64, len: usize) -> io::Result<()> {
         let Some(twin) = &f.writer else {
             return Ok(());
         };
@@ -434,5 +477,47 @@ impl crate::server::wire::ExtraOps for CephFs {
         let r = self.recover_lost_session();
         crate::metrics::session_recovery(r.is_ok());
         r
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn async_takes(&self, opcode: u32, node: u64, fh: u64) -> bool {
+        self.aio_takes(opcode, node, fh)
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn async_read(
+        &self,
+        ctx: &Context,
+        node: u64,
+        fh: u64,
+        size: u32,
+        offset: u64,
+        room: usize,
+        tag: u64,
+    ) -> io::Result<crate::server::wire::AsyncStart> {
+        self.aio_read(ctx, node, fh, size, offset, room, tag)
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn async_write(
+        &self,
+        ctx: &Context,
+        node: u64,
+        fh: u64,
+        data: &mut dyn ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        fuse_flags: u32,
+        tag: u64,
+    ) -> io::Result<crate::server::wire::AsyncStart> {
+        self.aio_write(ctx, node, fh, data, size, offset, fuse_flags, tag)
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn async_next(
+        &self,
+        timeout: Duration,
+    ) -> Option<(u64, io::Result<crate::server::wire::AsyncReply>)> {
+        self.aio_next(timeout)
     }
 }

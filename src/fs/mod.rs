@@ -14,6 +14,8 @@
 //! → EBADF/ENOENT-class errno, never a dereference), names are checked before they reach
 //! libcephfs, offsets and lengths are checked against i64, and every error keeps its raw errno.
 
+#[cfg(libcephfs_nonblocking)]
+mod aio;
 mod attr;
 pub mod cached;
 mod data;
@@ -186,6 +188,9 @@ pub struct CephFs {
     migration: state::Migration,
     /// A new CephFS session after an eviction ([`recover`]).
     recovery: recover::Recovery,
+    /// READs and WRITEs of O_DIRECT handles in flight without a thread waiting ([`aio`]).
+    #[cfg(libcephfs_nonblocking)]
+    aio: aio::Aio,
 }
 
 fn errno(e: i32) -> io::Error {
@@ -284,6 +289,8 @@ impl CephFs {
             trimming: AtomicBool::new(false),
             migration: state::Migration::default(),
             recovery: recover::Recovery::default(),
+            #[cfg(libcephfs_nonblocking)]
+            aio: aio::Aio::default(),
         })
     }
 

@@ -5,7 +5,8 @@ use super::*;
 
 #[derive(Debug)]
 pub struct OpenFile {
-    pub(super) file: File,
+    /// Shared with the async reads and writes in flight on it (`fs::aio`).
+    pub(super) file: Arc<File>,
     /// Head inode number of the file.
     pub(super) ino: u64,
     /// `file` was opened O_DIRECT: libcephfs reads and writes it without its object cache.
@@ -46,7 +47,7 @@ impl OpenFile {
         inode: Arc<Inode>,
     ) -> Arc<Self> {
         Arc::new(OpenFile {
-            file,
+            file: Arc::new(file),
             ino: node.vino.ino,
             direct: oflags & libc::O_DIRECT != 0,
             writer,

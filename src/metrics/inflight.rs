@@ -268,6 +268,8 @@ pub struct Tracked {
     seq: u64,
     info: RequestInfo,
     bound: Duration,
+    /// The slot is the request's own (see [`track_detached`]), given back when it ends.
+    detached: bool,
 }
 
 /// Note a request that started at `start` in this thread's slot, unless the watchdog is off.
@@ -282,6 +284,25 @@ pub fn track(start: Instant, info: impl FnOnce() -> RequestInfo) -> Option<Track
         seq,
         info,
         bound,
+        detached: false,
+    })
+}
+
+/// [`track`] for a request no thread serves while it waits (a READ or WRITE in flight in
+/// libcephfs without a thread: `vhost_user::nonblocking`): it takes a slot of its own from the
+/// registry, given back when it is answered, so the watchdog sees it as any other.
+#[cfg(libcephfs_nonblocking)]
+pub fn track_detached(start: Instant, info: impl FnOnce() -> RequestInfo) -> Option<Tracked> {
+    let bound = slow_bound()?;
+    let slot = REGISTRY.acquire();
+    let info = info();
+    let seq = slot.begin(&info, clock_ns(start));
+    Some(Tracked {
+        slot,
+        seq,
+        info,
+        bound,
+        detached: true,
     })
 }
 
@@ -300,6 +321,9 @@ impl Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         self.slot.end(self.seq);
+        if self.detached {
+            REGISTRY.release(self.slot);
+        }
     }
 }
 

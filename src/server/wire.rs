@@ -114,6 +114,81 @@ pub trait ExtraOps {
     fn recover_session(&self) -> io::Result<String> {
         Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
     }
+
+    /// Whether a READ or WRITE (`opcode`) on handle `fh` of `node` is for
+    /// [`Self::async_read`] / [`Self::async_write`]: only a cheap look at the handle, with no
+    /// side effect; a request it turns down takes the blocking path whole.
+    #[cfg(libcephfs_nonblocking)]
+    fn async_takes(&self, _opcode: u32, _node: u64, _fh: u64) -> bool {
+        false
+    }
+
+    /// Start a READ of `size` bytes at `offset` on handle `fh` of `node` without waiting for
+    /// the storage; at most `room` bytes fit in the reply. `tag` names the operation (the
+    /// caller's number, unique among those in flight: not the guest's `unique`). Every check and side
+    /// effect of the blocking `FileSystem::read` happens here, in its order, before the read
+    /// is sent. `Err`: the errno to answer now, and nothing arrives on
+    /// [`Self::async_next`].
+    #[cfg(libcephfs_nonblocking)]
+    #[allow(clippy::too_many_arguments)]
+    fn async_read(
+        &self,
+        _ctx: &Context,
+        _node: u64,
+        _fh: u64,
+        _size: u32,
+        _offset: u64,
+        _room: usize,
+        _tag: u64,
+    ) -> io::Result<AsyncStart> {
+        Err(io::Error::from_raw_os_error(libc::ENOSYS))
+    }
+
+    /// [`Self::async_read`] for a WRITE: the data is taken from `data` where the blocking
+    /// `FileSystem::write` takes it (after the handle lookup and the privilege kill).
+    #[cfg(libcephfs_nonblocking)]
+    #[allow(clippy::too_many_arguments)]
+    fn async_write(
+        &self,
+        _ctx: &Context,
+        _node: u64,
+        _fh: u64,
+        _data: &mut dyn fuse_backend_rs::api::filesystem::ZeroCopyReader,
+        _size: u32,
+        _offset: u64,
+        _fuse_flags: u32,
+        _tag: u64,
+    ) -> io::Result<AsyncStart> {
+        Err(io::Error::from_raw_os_error(libc::ENOSYS))
+    }
+
+    /// The next finished operation started by [`Self::async_read`] or [`Self::async_write`]
+    /// (its `tag`, and what to answer), waiting at most `timeout`. Called on a thread that
+    /// may wait: whatever the filesystem still does after the storage answered runs here.
+    #[cfg(libcephfs_nonblocking)]
+    fn async_next(&self, _timeout: std::time::Duration) -> Option<(u64, io::Result<AsyncReply>)> {
+        None
+    }
+}
+
+/// What [`ExtraOps::async_read`] / [`ExtraOps::async_write`] did with a request.
+#[cfg(libcephfs_nonblocking)]
+#[derive(Debug)]
+pub enum AsyncStart {
+    /// Sent: its answer comes from [`ExtraOps::async_next`] under its `tag`.
+    Sent,
+    /// Done at once (nothing to read, or a write that had to go the blocking way): answer this.
+    Done(AsyncReply),
+}
+
+/// The answer to a READ or WRITE served by [`ExtraOps::async_read`] / [`ExtraOps::async_write`].
+#[cfg(libcephfs_nonblocking)]
+#[derive(Debug)]
+pub enum AsyncReply {
+    /// The bytes read (short at the end of the file).
+    Read(Vec<u8>),
+    /// The bytes written.
+    Written(usize),
 }
 
 /// What the reply written to the guest says, read back after the server answered.

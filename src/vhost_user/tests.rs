@@ -50,6 +50,10 @@ pub(crate) struct TestFs {
     handles: Handles,
     /// How often the session was ended (DESTROY, or the end of a frontend's connection).
     pub(crate) destroyed: AtomicUsize,
+    /// READ and WRITE of [`nonblocking::ASYNC_FH`] on the async path, answered when the
+    /// test lets them.
+    #[cfg(libcephfs_nonblocking)]
+    aio: nonblocking::TestAio,
 }
 
 /// The open handles of a [`TestFs`]: handle → node it was opened on (the transport needs no
@@ -233,6 +237,39 @@ impl FileSystem for TestFs {
         Ok(())
     }
 
+    /// READ of [`nonblocking::ASYNC_FH`] the blocking way: what the async path answers.
+    #[cfg(libcephfs_nonblocking)]
+    fn read(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        handle: u64,
+        w: &mut dyn fuse_backend_rs::api::filesystem::ZeroCopyWriter,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _flags: u32,
+    ) -> io::Result<usize> {
+        nonblocking::blocking_read(handle, w, size, offset)
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn write(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        handle: u64,
+        r: &mut dyn fuse_backend_rs::api::filesystem::ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        _lock_owner: Option<u64>,
+        _delayed_write: bool,
+        _flags: u32,
+        _fuse_flags: u32,
+    ) -> io::Result<usize> {
+        nonblocking::blocking_write(handle, r, size, offset)
+    }
+
     fn destroy(&self) {
         self.handles.clear();
         self.destroyed.fetch_add(1, AtomicOrdering::SeqCst);
@@ -324,6 +361,48 @@ impl ExtraOps for TestFs {
 
     fn syncfs(&self, _ctx: &Context, _ino: u64) -> io::Result<()> {
         Err(io::Error::from_raw_os_error(libc::EROFS))
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn async_takes(&self, opcode: u32, node: u64, fh: u64) -> bool {
+        self.aio.takes(opcode, node, fh)
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn async_read(
+        &self,
+        _ctx: &Context,
+        _node: u64,
+        _fh: u64,
+        size: u32,
+        offset: u64,
+        room: usize,
+        tag: u64,
+    ) -> io::Result<crate::server::wire::AsyncStart> {
+        self.aio.read(size, offset, room, tag)
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn async_write(
+        &self,
+        _ctx: &Context,
+        _node: u64,
+        _fh: u64,
+        data: &mut dyn fuse_backend_rs::api::filesystem::ZeroCopyReader,
+        size: u32,
+        offset: u64,
+        _fuse_flags: u32,
+        tag: u64,
+    ) -> io::Result<crate::server::wire::AsyncStart> {
+        self.aio.write(data, size, offset, tag)
+    }
+
+    #[cfg(libcephfs_nonblocking)]
+    fn async_next(
+        &self,
+        timeout: Duration,
+    ) -> Option<(u64, io::Result<crate::server::wire::AsyncReply>)> {
+        self.aio.next(timeout)
     }
 }
 
@@ -507,6 +586,7 @@ fn backend(threads: usize, tag: Option<&str>) -> (VhostUserFsBackend<TestFs>, Ar
         request_queues: 1,
         thread_pool_size: threads,
         poll: Duration::ZERO,
+        nonblocking: false,
     };
     let backend = VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
     (backend, fs)
@@ -519,6 +599,7 @@ fn polling_backend() -> VhostUserFsBackend<TestFs> {
         request_queues: 1,
         thread_pool_size: 0,
         poll: Duration::from_secs(3),
+        nonblocking: false,
     };
     VhostUserFsBackend::new(Arc::new(TestFs::default()), &options).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -967,6 +1048,7 @@ fn rejects_bad_queue_count() {
         request_queues: 0,
         thread_pool_size: 0,
         poll: Duration::ZERO,
+        nonblocking: false,
     };
     assert!(matches!(
         VhostUserFsBackend::new(Arc::new(TestFs::default()), &options),
@@ -1987,3 +2069,6 @@ fn paused_queues_serve_after_the_last_reopen_and_never_after_the_stop() {
     backend.reopen();
     assert_eq!(driver.used_idx(), 2, "served after the stop");
 }
+
+#[cfg(libcephfs_nonblocking)]
+mod nonblocking;

@@ -14,6 +14,9 @@
  *   fs-suite --write-pattern FILE SEED SIZE
  *   fs-suite --check-pattern FILE SEED SIZE
  *   fs-suite --lock-wait FILE   (F_SETLKW a whole-file write lock, then release it)
+ *   fs-suite --direct-load FILE SEED PROCS BLOCKS  (O_DIRECT from PROCS processes at once,
+ *       each writing and reading back BLOCKS 4 KiB blocks of its own, then the whole file
+ *       checked byte for byte; see direct_load_mode())
  *       Write / verify the deterministic pattern (SIZE accepts K, M, G
  *       suffixes), so data written by one Ceph client can be verified
  *       through another. Byte i of the pattern is byte (i % 8), little
@@ -1877,6 +1880,33 @@ static int t_user_kill_suid(void)
 	return 0;
 }
 
+/* The same kill through an O_DIRECT write (the daemon's async path serves those on
+ * libcephfs 20: the kill must happen there too). */
+static int t_user_direct_kill_suid(void)
+{
+	struct stat st;
+	void *b;
+	int fd;
+
+	CHECK(posix_memalign(&b, 4096, 4096) == 0, "out of memory");
+	fill_pattern(b, 4096, 5, 0);
+	OK(touch("suid", 0666));
+	OK(chmod("suid", 06777));
+	OK(chmod(".", 0777));
+	BECOME_USER();
+	fd = open("suid", O_WRONLY | O_DIRECT);
+	if (fd < 0 && errno == EINVAL)
+		SKIP("O_DIRECT not supported here (EINVAL)");
+	CHECK(fd >= 0, "open O_DIRECT: %s", ename(errno));
+	CHECK(pwrite(fd, b, 4096, 0) == 4096, "O_DIRECT write: %s", ename(errno));
+	OK(close(fd));
+	OK(stat("suid", &st));
+	CHECK((st.st_mode & 06000) == 0, "O_DIRECT write by non-owner kept setuid/setgid: mode %o",
+	      st.st_mode & 07777);
+	free(b);
+	return 0;
+}
+
 static int t_user_sticky(void)
 {
 	struct stat st;
@@ -1973,6 +2003,7 @@ static const struct check checks[] = {
 	{ "user_own_files", t_user_own_files, F_USER },
 	{ "user_setgid_dir", t_user_setgid_dir, F_USER },
 	{ "user_kill_suid", t_user_kill_suid, F_USER },
+	{ "user_direct_kill_suid", t_user_direct_kill_suid, F_USER },
 	{ "user_sticky", t_user_sticky, F_USER },
 	{ "user_create_mode0", t_user_create_mode0, F_USER },
 };
@@ -2141,6 +2172,109 @@ static int pattern_mode(int check, const char *file, const char *seed_s, const c
 	return 0;
 }
 
+/* O_DIRECT load: PROCS processes at once, each writing its own 4 KiB blocks of FILE (block b
+ * belongs to process b % PROCS) in a scattered order with the pattern of SEED, reading back an
+ * earlier one of its blocks after each write; then the whole file is read back O_DIRECT and
+ * checked byte for byte, and reads across and past its end must be short and empty. Many
+ * requests are in flight at once (one per process), which a single process cannot do with
+ * O_DIRECT. */
+static int direct_load_mode(const char *file, const char *seed_s, const char *procs_s, const char *blocks_s)
+{
+	uint64_t seed, procs, blocks, size;
+	unsigned char *b, *r;
+	int fd, failed = 0;
+
+	if (parse_size(seed_s, &seed) < 0 || parse_size(procs_s, &procs) < 0 ||
+	    parse_size(blocks_s, &blocks) < 0 || procs == 0 || procs > 256 || blocks == 0) {
+		fprintf(stderr, "fs-suite: --direct-load FILE SEED PROCS BLOCKS: bad numbers\n");
+		return 2;
+	}
+	size = procs * blocks * 4096;
+	fd = open(file, O_RDWR | O_CREAT | O_TRUNC | O_DIRECT, 0644);
+	if (fd < 0) {
+		printf("not ok direct-load %s: open: %s\n", file, strerror(errno));
+		return 1;
+	}
+	close(fd);
+	for (uint64_t p = 0; p < procs; p++) {
+		pid_t pid = fork();
+
+		if (pid < 0) {
+			printf("not ok direct-load: fork: %s\n", strerror(errno));
+			return 1;
+		}
+		if (pid > 0)
+			continue;
+		if (posix_memalign((void **)&b, 4096, 4096) || posix_memalign((void **)&r, 4096, 4096))
+			_exit(3);
+		fd = open(file, O_RDWR | O_DIRECT);
+		if (fd < 0) {
+			printf("not ok direct-load %s: open in process %" PRIu64 ": %s\n", file, p, strerror(errno));
+			_exit(1);
+		}
+		for (uint64_t k = 0; k < blocks; k++) {
+			/* 37 is prime and no factor of BLOCKS below 37 * 2: a permutation of the blocks */
+			uint64_t blk = p + procs * ((k * 37) % blocks);
+			uint64_t back = p + procs * (((k / 2) * 37) % blocks);
+
+			fill_pattern(b, 4096, seed, blk * 4096);
+			if (pwrite(fd, b, 4096, (off_t)(blk * 4096)) != 4096) {
+				printf("not ok direct-load: write of block %" PRIu64 ": %s\n", blk, strerror(errno));
+				_exit(1);
+			}
+			if (pread(fd, r, 4096, (off_t)(back * 4096)) != 4096 ||
+			    find_mismatch(r, 4096, seed, back * 4096) >= 0) {
+				printf("not ok direct-load: block %" PRIu64 " read back differs\n", back);
+				_exit(1);
+			}
+		}
+		_exit(0);
+	}
+	for (uint64_t p = 0; p < procs; p++) {
+		int status;
+
+		if (wait(&status) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+			failed = 1;
+	}
+	if (failed) {
+		printf("not ok direct-load %s: a writer failed\n", file);
+		return 1;
+	}
+	if (posix_memalign((void **)&b, 4096, 65536))
+		return 2;
+	fd = open(file, O_RDONLY | O_DIRECT);
+	if (fd < 0) {
+		printf("not ok direct-load %s: open: %s\n", file, strerror(errno));
+		return 1;
+	}
+	for (uint64_t off = 0; off < size; off += 65536) {
+		size_t n = size - off < 65536 ? (size_t)(size - off) : 65536;
+		long bad;
+
+		if (pread(fd, b, n, (off_t)off) != (ssize_t)n) {
+			printf("not ok direct-load %s: short read at %" PRIu64 "\n", file, off);
+			return 1;
+		}
+		bad = find_mismatch(b, n, seed, off);
+		if (bad >= 0) {
+			printf("not ok direct-load %s: differs at byte %" PRIu64 "\n", file, off + (uint64_t)bad);
+			return 1;
+		}
+	}
+	if (pread(fd, b, 8192, (off_t)(size - 4096)) != 4096 ||
+	    find_mismatch(b, 4096, seed, size - 4096) >= 0) {
+		printf("not ok direct-load %s: a read across the end is not the last 4096 bytes\n", file);
+		return 1;
+	}
+	if (pread(fd, b, 4096, (off_t)size) != 0 || pread(fd, b, 4096, (off_t)(size + 65536)) != 0) {
+		printf("not ok direct-load %s: a read past the end is not empty\n", file);
+		return 1;
+	}
+	close(fd);
+	printf("ok direct-load %s %" PRIu64 " processes %" PRIu64 " bytes\n", file, procs, size);
+	return 0;
+}
+
 /* Take a whole-file write lock, waiting for it (F_SETLKW), then release it: for tests that
  * need a guest request blocked on a lock another client holds. */
 static int lock_wait_mode(const char *file)
@@ -2167,7 +2301,8 @@ static void usage(void)
 			"       fs-suite --as-user UID [--only SUBSTR] DIR\n"
 			"       fs-suite --write-pattern FILE SEED SIZE\n"
 			"       fs-suite --check-pattern FILE SEED SIZE\n"
-			"       fs-suite --lock-wait FILE\n");
+			"       fs-suite --lock-wait FILE\n"
+			"       fs-suite --direct-load FILE SEED PROCS BLOCKS\n");
 }
 
 int main(int argc, char **argv)
@@ -2184,6 +2319,12 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			return pattern_mode(argv[i][2] == 'c', argv[i + 1], argv[i + 2], argv[i + 3]);
+		} else if (strcmp(argv[i], "--direct-load") == 0) {
+			if (argc - i != 5) {
+				usage();
+				return 2;
+			}
+			return direct_load_mode(argv[i + 1], argv[i + 2], argv[i + 3], argv[i + 4]);
 		} else if (strcmp(argv[i], "--lock-wait") == 0) {
 			if (argc - i != 2) {
 				usage();
