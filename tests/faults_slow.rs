@@ -178,22 +178,6 @@ fn start(cluster: &PrivateCluster, name: &str) -> (Daemon, String, std::path::Pa
     (daemon, export, metrics)
 }
 
-fn osd_config(cluster: &PrivateCluster, key: &str, value: &str) {
-    let asok = cluster.dir.join("run/ceph-osd.0.asok");
-    let out = Command::new("ceph")
-        .arg("--admin-daemon")
-        .arg(&asok)
-        .args(["config", "set", key, value])
-        .output()
-        .expect("run ceph --admin-daemon");
-    assert!(
-        out.status.success(),
-        "ceph --admin-daemon {} config set {key} {value}: {}",
-        asok.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn mds_pid(cluster: &PrivateCluster) -> i32 {
     let p = cluster.dir.join("pids/mds.a.pid");
     std::fs::read_to_string(&p)
@@ -323,8 +307,8 @@ fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
     // Every client op now sleeps 6 s in the OSD before it is served: the READ is still in
     // flight when the watchdog (1 s bound, one look a second) reports it.
     let _undo = Undelay(&cluster);
-    osd_config(&cluster, "osd_debug_inject_dispatch_delay_duration", "6");
-    osd_config(&cluster, "osd_debug_inject_dispatch_delay_probability", "1");
+    cluster.osd_config("osd_debug_inject_dispatch_delay_duration", "6");
+    cluster.osd_config("osd_debug_inject_dispatch_delay_probability", "1");
     h.set_timeout_ms(PATIENCE_MS);
 
     let off = 2 << 20;
@@ -338,7 +322,7 @@ fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
     reported("slow OSD", &daemon, &metrics, "READ", "osd");
 
     // The OSD is quick again: the READ completes with the bytes written there.
-    osd_config(&cluster, "osd_debug_inject_dispatch_delay_probability", "0");
+    cluster.osd_config("osd_debug_inject_dispatch_delay_probability", "0");
     let (out, late) = h.settle(1, 60_000);
     assert_eq!(out, 0, "the slow READ never came back");
     assert_eq!(late.len(), 1, "{} late replies", late.len());

@@ -43,22 +43,6 @@ const OBJECT: u64 = 4 << 20;
 /// How long the MDS may take to truncate the objects once the change is journaled.
 const TRUNCATED_WITHIN: Duration = Duration::from_secs(10);
 
-fn osd_config(cluster: &PrivateCluster, key: &str, value: &str) {
-    let asok = cluster.dir.join("run/ceph-osd.0.asok");
-    let out = Command::new("ceph")
-        .arg("--admin-daemon")
-        .arg(&asok)
-        .args(["config", "set", key, value])
-        .output()
-        .expect("run ceph --admin-daemon");
-    assert!(
-        out.status.success(),
-        "ceph --admin-daemon {} config set {key} {value}: {}",
-        asok.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The size of RADOS object `name` of the file system's data pool, `None` if it does not exist.
 fn object_size(lab: &Lab, name: &str) -> Option<u64> {
     let out = Command::new("rados")
@@ -118,9 +102,9 @@ fn a_truncation_right_after_release_leaves_no_bytes_past_the_end() {
     let name = format!("stale-tail-{}", std::process::id());
     let cluster = PrivateCluster::start(&shared, &name);
     let lab = &cluster.lab;
-    osd_config(&cluster, "ms_inject_delay_type", "client");
-    osd_config(&cluster, "ms_inject_delay_max", "0.3");
-    osd_config(&cluster, "ms_inject_delay_probability", "1");
+    cluster.osd_config("ms_inject_delay_type", "client");
+    cluster.osd_config("ms_inject_delay_max", "0.3");
+    cluster.osd_config("ms_inject_delay_probability", "1");
     // Mounted after the delay is set: it applies to connections made from now on.
     let fs = common::fs_layer(lab, &name);
     let root = ctx(0, 0);

@@ -555,6 +555,23 @@ impl PrivateCluster {
         }
     }
 
+    /// Set the OSD's configuration option `key` to `value` through its admin socket.
+    pub fn osd_config(&self, key: &str, value: &str) {
+        let asok = self.dir.join("run/ceph-osd.0.asok");
+        let out = Command::new("ceph")
+            .arg("--admin-daemon")
+            .arg(&asok)
+            .args(["config", "set", key, value])
+            .output()
+            .expect("run ceph --admin-daemon");
+        assert!(
+            out.status.success(),
+            "ceph --admin-daemon {} config set {key} {value}: {}",
+            asok.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// `ceph-dev-cluster fail-mds`: the active MDS fails over to a standby; returns once the
     /// new one is active (the cluster must have been started with a standby).
     pub fn fail_mds(&self) {
