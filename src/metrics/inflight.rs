@@ -277,15 +277,7 @@ pub struct Tracked {
 pub fn track(start: Instant, info: impl FnOnce() -> RequestInfo) -> Option<Tracked> {
     let bound = slow_bound()?;
     let slot = MINE.try_with(|owned| owned.0).ok()?;
-    let info = info();
-    let seq = slot.begin(&info, clock_ns(start));
-    Some(Tracked {
-        slot,
-        seq,
-        info,
-        bound,
-        detached: false,
-    })
+    Some(Tracked::begin(slot, start, info(), bound, false))
 }
 
 /// [`track`] for a request no thread serves while it waits (a READ or WRITE in flight in
@@ -294,19 +286,33 @@ pub fn track(start: Instant, info: impl FnOnce() -> RequestInfo) -> Option<Track
 #[cfg(libcephfs_nonblocking)]
 pub fn track_detached(start: Instant, info: impl FnOnce() -> RequestInfo) -> Option<Tracked> {
     let bound = slow_bound()?;
-    let slot = REGISTRY.acquire();
-    let info = info();
-    let seq = slot.begin(&info, clock_ns(start));
-    Some(Tracked {
-        slot,
-        seq,
-        info,
+    Some(Tracked::begin(
+        REGISTRY.acquire(),
+        start,
+        info(),
         bound,
-        detached: true,
-    })
+        true,
+    ))
 }
 
 impl Tracked {
+    fn begin(
+        slot: &'static Slot,
+        start: Instant,
+        info: RequestInfo,
+        bound: Duration,
+        detached: bool,
+    ) -> Tracked {
+        let seq = slot.begin(&info, clock_ns(start));
+        Tracked {
+            slot,
+            seq,
+            info,
+            bound,
+            detached,
+        }
+    }
+
     /// The request was answered after `elapsed`: clear the slot, and account for it if it was
     /// slow (see [`super::watchdog::finished`]).
     pub fn finish(self, elapsed: Duration) {
