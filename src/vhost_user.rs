@@ -41,6 +41,7 @@ use vhost_user_backend::{VhostUserBackend, VringMutex, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::{DescriptorChain, QueueT};
+use vm_memory::bitmap::BS;
 use vm_memory::{
     Address, ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic,
     GuestMemoryLoadGuard, GuestMemoryMmap,
@@ -1073,6 +1074,28 @@ fn chain_loops(chain: &DescriptorChain<MemGuard>) -> bool {
     false
 }
 
+/// A request's reader and its reply's writer, over guest memory.
+type RequestIo<'a> = (
+    Reader<'a, BS<'a, GuestBitmap>>,
+    Writer<'a, BS<'a, GuestBitmap>>,
+);
+
+/// The reader of a request and the writer of its reply. fuse-backend-rs reads the in-header
+/// from a private copy of what the queue thread decoded (`header`), never again from guest
+/// memory (see `bounce`); `composite` is `bounce::compose(mem)`.
+fn request_io<'a>(
+    composite: &'a GuestMemoryMmap<GuestBitmap>,
+    mem: &'a MemGuard,
+    chain: DescriptorChain<MemGuard>,
+    header: &InHeader,
+) -> Result<RequestIo<'a>, ChainError> {
+    let private =
+        bounce::request_chain(composite, mem, chain.clone(), header).map_err(ChainError::Bounce)?;
+    let reader = Reader::from_descriptor_chain(composite, private).map_err(ChainError::Reader)?;
+    let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
+    Ok((reader, Writer::from(writer)))
+}
+
 /// Map the chain (popped from virtqueue `queue`, with the in-header read when it was popped)
 /// into a FUSE reader/writer and run the server.
 pub fn serve_chain<F>(
@@ -1094,16 +1117,11 @@ where
     if chain_loops(&chain) {
         return Err(ChainError::Loop);
     }
-    // fuse-backend-rs reads the in-header from a private copy of what the queue thread
-    // decoded, never again from guest memory (see `bounce`).
     let composite = bounce::compose(mem).map_err(ChainError::Bounce)?;
-    let private = bounce::request_chain(&composite, mem, chain.clone(), &header)
-        .map_err(ChainError::Bounce)?;
-    let reader = Reader::from_descriptor_chain(&*composite, private).map_err(ChainError::Reader)?;
     let probe = chain.clone();
     let again = chain.clone();
-    let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
-    match server.handle_message(header, reader, Writer::from(writer), queue, |written| {
+    let (reader, writer) = request_io(&composite, mem, chain, &header)?;
+    match server.handle_message(header, reader, writer, queue, |written| {
         read_reply_head(mem, probe, written)
     }) {
         // FORGET and BATCH_FORGET are never answered.

@@ -39,10 +39,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use fuse_backend_rs::api::filesystem::FileSystem;
-use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
+use fuse_backend_rs::transport::{VirtioFsWriter, Writer};
 use tracing::warn;
 
-use super::{bounce, chain_loops, give_back, Inner, Pending, Vring, HIPRIO_QUEUE};
+use super::{bounce, chain_loops, give_back, request_io, Inner, Pending, Vring, HIPRIO_QUEUE};
 use crate::metrics;
 use crate::server::nonblocking::{AsyncRequest, Started};
 use crate::server::wire::{AsyncReply, ExtraOps, FUSE_READ, FUSE_WRITE};
@@ -119,10 +119,8 @@ where
     bounce::warm();
     let started = (|| {
         let composite = bounce::compose(&p.guard).ok()?;
-        let private = bounce::request_chain(&composite, &p.guard, p.chain.clone(), &header).ok()?;
-        let reader = Reader::from_descriptor_chain(&*composite, private).ok()?;
-        let writer = VirtioFsWriter::new(&*p.guard, p.chain.clone()).ok()?;
-        Some(server.start_async(header, reader, Writer::from(writer), queue, tag))
+        let (reader, writer) = request_io(&composite, &p.guard, p.chain.clone(), &header).ok()?;
+        Some(server.start_async(header, reader, writer, queue, tag))
     })();
     match started {
         None | Some(Started::NotTaken) => Some(p),
