@@ -35,7 +35,7 @@ use fuse_backend_rs::abi::fuse_abi::SetattrValid;
 use fuse_backend_rs::api::filesystem::FileSystem;
 
 use common::hostile::PrivateCluster;
-use common::{c, ctx, Lab, Payload, Sink};
+use common::{c, ctx, Lab, Sink};
 
 const ROUNDS: usize = 12;
 /// CephFS's default layout: 4 MiB objects.
@@ -66,20 +66,7 @@ fn object_size(lab: &Lab, name: &str) -> Option<u64> {
 }
 
 fn write(fs: &CephFs, ino: u64, fh: u64, off: u64, data: &[u8]) {
-    let n = fs
-        .write(
-            &ctx(0, 0),
-            ino,
-            fh,
-            &mut Payload(data.to_vec()),
-            data.len() as u32,
-            off,
-            None,
-            false,
-            0,
-            0,
-        )
-        .unwrap();
+    let n = common::fs_write(fs, ino, fh, off, data).unwrap();
     assert_eq!(n, data.len());
 }
 
