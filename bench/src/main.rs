@@ -7,6 +7,7 @@
 mod args;
 mod asok;
 mod backend;
+mod cost;
 mod density;
 mod floor;
 mod fuse;
@@ -53,7 +54,7 @@ enum RunError {
     Json(String, #[source] std::io::Error),
 }
 
-fn print_chain(e: &dyn std::error::Error) {
+pub(crate) fn print_chain(e: &dyn std::error::Error) {
     eprintln!("Error: {e}");
     let mut src = e.source();
     let mut i = 1;
@@ -401,6 +402,10 @@ fn main() -> ExitCode {
         .is_some_and(|a| a == "nonblocking")
     {
         return nonblocking::main(std::env::args_os().skip(1));
+    }
+    // `ceph-virtiofsd-bench cost ...`: instructions per cached request, under callgrind.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "cost") {
+        return cost::main(std::env::args_os().skip(1));
     }
     // `ceph-virtiofsd-bench density ...`: idle guests a script measures (tests/bench/density).
     if std::env::args_os().nth(1).is_some_and(|a| a == "density") {
