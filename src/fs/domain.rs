@@ -48,7 +48,7 @@ impl CephFs {
         let (d, generation) = self.domain_stamp(parent);
         match &self.cfg.quarantine {
             Some(g) if kind_of(st) == libc::S_IFDIR => {
-                (g.domain_of_root(st.stx_ino).unwrap_or(d), generation)
+                (g.anchor(st.stx_ino).unwrap_or(d), generation)
             }
             // A file with other links may have one in a denied domain (fail closed).
             Some(g) if st.stx_nlink > 1 && g.near_denied() => {
@@ -59,7 +59,9 @@ impl CephFs {
     }
 
     /// Derive the domain of `node` from where it is: up the chain of nodes it was found in
-    /// (see [`nodes::Node::link`]), to the first domain root or the export root. Each link of
+    /// (see [`nodes::Node::link`]), to the first domain root at or below the export root
+    /// ([`crate::quarantine::Gate::anchor`]: another tenant's subvolume root is no anchor) or
+    /// the export root. Each link of
     /// a head inode is confirmed by looking its name up in its parent (answered from
     /// libcephfs's cache while the MDS has not told it otherwise, i.e. unless another client
     /// renamed or removed it): a link that no longer holds, a chain that ends elsewhere, or
@@ -90,7 +92,7 @@ impl CephFs {
                 break;
             }
             if n.is_dir() {
-                if let Some(d) = g.domain_of_root(n.vino.ino) {
+                if let Some(d) = g.anchor(n.vino.ino) {
                     domain = d;
                     break;
                 }
@@ -144,7 +146,7 @@ impl CephFs {
     /// Walk the ancestry of head directory `start` (inode `ino`) with libcephfs's ".." (for a
     /// head directory its one parent dentry as libcephfs last learnt it, or the MDS's
     /// LOOKUPPARENT; after another client's rename it can still be the old parent), until the
-    /// export root, or, with a gate, the first domain root. Anything else (the filesystem
+    /// export root, or, with a gate, the first domain root at or below the export root. Anything else (the filesystem
     /// root, a loop, an error, too deep) is `Outside`. Cold path: ".." of a directory whose
     /// own link no longer holds, and domain derivation of a directory found that way.
     pub(super) fn walk_up(
@@ -178,7 +180,7 @@ impl CephFs {
             if v.snapid != NOSNAP || v.ino == cur_ino || v.ino == CEPH_INO_ROOT {
                 return Up::Outside;
             }
-            if let Some(d) = g.and_then(|g| g.domain_of_root(v.ino)) {
+            if let Some(d) = g.and_then(|g| g.anchor(v.ino)) {
                 return Up::Domain(d);
             }
             cur_ino = v.ino;

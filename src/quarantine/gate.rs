@@ -38,6 +38,9 @@ pub struct Gate {
     pub(super) root_domain: AtomicU32,
     /// The export root (canonical path).
     pub(super) export_root: RwLock<String>,
+    /// Per domain id: its directory lies at or below the export root, so it can be where a
+    /// node of the export derives its domain from ([`Gate::anchor`]). Set with the path.
+    within: Box<[AtomicBool]>,
     /// Some domain at, above or below the export root is denied: the only ones a file of the
     /// export can have another link in.
     near_denied: AtomicBool,
@@ -94,6 +97,7 @@ impl Gate {
         let deny = (0..=MAX_DOMAINS).map(|d| AtomicBool::new(d != 0)).collect();
         let keys = (0..ROOT_SLOTS).map(|_| AtomicU64::new(0)).collect();
         let vals = (0..ROOT_SLOTS).map(|_| AtomicU32::new(0)).collect();
+        let within = (0..=MAX_DOMAINS).map(|_| AtomicBool::new(false)).collect();
         Gate {
             deny,
             keys,
@@ -102,6 +106,7 @@ impl Gate {
             paths: RwLock::new(DomainPaths::default()),
             root_domain: AtomicU32::new(0),
             export_root: RwLock::new("/".into()),
+            within,
             near_denied: AtomicBool::new(false),
             generation: AtomicU32::new(1),
             last_round: AtomicU64::new(0),
@@ -211,6 +216,40 @@ impl Gate {
         None
     }
 
+    /// The domain a node of the export derives its domain from when it meets directory inode
+    /// `ino` on its way up: [`Gate::domain_of_root`], but only for a domain at or below the
+    /// export root (an [`UNSURE`] entry, a directory left without a domain, is returned
+    /// wherever it is: it denies). A domain root elsewhere (another tenant's subvolume) is no
+    /// anchor: a node whose way up meets it is not in the export, and must not take that
+    /// domain's (released) state as its own.
+    #[inline]
+    pub fn anchor(&self, ino: u64) -> Option<u32> {
+        let d = self.domain_of_root(ino)?;
+        if d == UNSURE {
+            return Some(d);
+        }
+        let inside = usize::try_from(d)
+            .ok()
+            .and_then(|i| self.within.get(i))
+            .is_some_and(|w| w.load(Ordering::Acquire));
+        inside.then_some(d)
+    }
+
+    /// Set the export root (a canonical path), before domains are registered; the domains
+    /// known already are placed against it again.
+    pub fn set_export_root(&self, root: &str) {
+        *self.export_root.write().unwrap_or_else(|e| e.into_inner()) = root.to_owned();
+        let paths = self.paths.read().unwrap_or_else(|e| e.into_inner());
+        for (i, p) in paths.slots.iter().enumerate() {
+            if let Some(w) = self.within.get(i + 1) {
+                w.store(
+                    p.as_deref().is_some_and(|p| is_at_or_below(p, root)),
+                    Ordering::Release,
+                );
+            }
+        }
+    }
+
     /// The export root's domain.
     pub fn root_domain(&self) -> u32 {
         self.root_domain.load(Ordering::Relaxed)
@@ -277,6 +316,13 @@ impl Gate {
         let slot = paths.slots.get_mut(i)?;
         *slot = Some(path.to_owned());
         paths.index.insert(path.to_owned(), i);
+        let inside = is_at_or_below(
+            path,
+            &self.export_root.read().unwrap_or_else(|e| e.into_inner()),
+        );
+        if let Some(w) = self.within.get(i + 1) {
+            w.store(inside, Ordering::Release);
+        }
         // Fail closed: a new domain is denied until the watcher has read its state. (A free
         // id's flag is set already; it now counts as a live denied domain.)
         if let Some(flag) = self.deny.get(i + 1) {
@@ -305,6 +351,9 @@ impl Gate {
                     paths.index.remove(&p);
                 }
                 None => return false,
+            }
+            if let Some(w) = self.within.get(i + 1) {
+                w.store(false, Ordering::Release);
             }
             // Denied from now on; counted only while it was live and denied.
             if self
@@ -535,6 +584,43 @@ mod tests {
         // Re-registering an inode moves it.
         g.register_root(0x1000_0001, 9);
         assert_eq!(g.domain_of_root(0x1000_0001), Some(9));
+    }
+
+    /// Only a domain at or below the export root anchors a node's derivation; one elsewhere
+    /// (another tenant's subvolume) is no anchor, and an UNSURE entry denies wherever it is.
+    #[test]
+    fn hostile_only_domains_in_the_export_are_anchors() {
+        let g = Gate::new();
+        g.set_export_root("/volumes/_nogroup/sva");
+        let own = g.domain_for_path("/volumes/_nogroup/sva").unwrap();
+        let inner = g.domain_for_path("/volumes/_nogroup/sva/u/q").unwrap();
+        let other = g.domain_for_path("/volumes/_nogroup/svb").unwrap();
+        let prefix = g.domain_for_path("/volumes/_nogroup/sva2").unwrap();
+        for (ino, d) in [(10, own), (11, inner), (12, other), (13, prefix)] {
+            assert!(g.register_root(ino, d));
+        }
+        assert!(g.register_root(14, UNSURE));
+        assert_eq!(g.anchor(10), Some(own));
+        assert_eq!(g.anchor(11), Some(inner));
+        assert_eq!(g.anchor(12), None, "another subvolume anchored a node");
+        assert_eq!(
+            g.anchor(13),
+            None,
+            "a name sharing a prefix anchored a node"
+        );
+        assert_eq!(g.anchor(14), Some(UNSURE));
+        assert_eq!(g.anchor(15), None);
+        // domain_of_root itself still answers for every root (the watcher's table).
+        assert_eq!(g.domain_of_root(12), Some(other));
+        // A retired id is no anchor, and its reuse is placed anew.
+        assert!(g.retire(inner));
+        let again = g.domain_for_path("/volumes/_nogroup/svc").unwrap();
+        assert_eq!(again, inner);
+        assert!(g.register_root(16, again));
+        assert_eq!(g.anchor(16), None);
+        // Setting the root again places the known domains again.
+        g.set_export_root("/");
+        assert_eq!(g.anchor(12), Some(other));
     }
 
     #[test]

@@ -487,7 +487,7 @@ pub fn start(
     })?;
     let export_root = export_root.as_str();
     let gate = Arc::new(Gate::new());
-    *gate.export_root.write().unwrap_or_else(|e| e.into_inner()) = export_root.to_owned();
+    gate.set_export_root(export_root);
     for p in cfg.paths.iter().chain(cfg.recovery_paths.iter()) {
         gate.domain_for_path(p);
     }
