@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use crate::migration::{DeviceState, LoadReport, MigrationError, MAX_STATE_LEN};
+use crate::migration::{DeviceState, LoadReport, MigrationError};
 
 const HELLO: &[u8; 8] = b"CVFSTAKE";
 const GIVE: &[u8; 8] = b"CVFSGIVE";
@@ -146,7 +146,7 @@ pub fn take_over(path: &Path, state: &dyn DeviceState) -> Result<TakeOver, TakeO
     let mut len = [0u8; 8];
     s.read_exact(&mut len).map_err(io_err)?;
     let len = u64::from_le_bytes(len);
-    if len > MAX_STATE_LEN {
+    if len > state.max_state_len() {
         let _ = s.write_all(&[NOT_TAKEN]);
         return Err(TakeOverError::Load(
             crate::migration::FormatError::Corrupt("longer than the most a state may take").into(),
@@ -158,7 +158,7 @@ pub fn take_over(path: &Path, state: &dyn DeviceState) -> Result<TakeOver, TakeO
         let _ = s.write_all(&[NOT_TAKEN]);
         return Err(io_err(io::ErrorKind::UnexpectedEof.into()));
     }
-    let report = match state.load_state(&bytes) {
+    let report = match state.load_peer_state(&bytes) {
         Ok(r) => r,
         Err(e) => {
             let _ = s.write_all(&[NOT_TAKEN]);

@@ -15,27 +15,46 @@
 //!            parent u64 (0: none), name_len u16, name bytes
 //!          handle_count u32, then per handle:
 //!            fh u64, node u64, type u8 (1 file, 2 directory),
-//!            file: oflags i32 | directory: position u64
+//!            file: oflags i32 | directory: position u64,
+//!            opener_uid u32, opener_gid u32   (version 2: the guest ids that opened it;
+//!                                             u32::MAX both: unknown)
 //! ```
 //!
-//! Version 1 is the only version: a reader refuses any other (a newer daemon that changes the
-//! layout bumps it, and keeps reading the older ones it knows).
+//! Version 2 is written; version 1 (no opener ids) is still read, and its handles, whose
+//! openers are unknown, are not opened again (see [`Opener`]). Any other version is refused.
+//!
+//! # A state is untrusted input
+//! It comes from the vhost-user frontend (or a handover predecessor): a frontend the guest
+//! escaped into can forge one. [`State::decode_within`] bounds it by the destination's own
+//! limits before anything is allocated ([`Bounds`]); the filesystem then proves every node to
+//! lie below its export and opens handles again only as their openers (`fs::state`).
 
 use std::fmt;
 
 /// First bytes of every state blob.
 pub const MAGIC: [u8; 8] = *b"CVFSSTAT";
-/// The format version this daemon writes and reads.
-pub const VERSION: u32 = 1;
-/// Most bytes a state blob may take: a frontend cannot make the destination allocate more.
+/// The format version this daemon writes.
+pub const VERSION: u32 = 2;
+/// The oldest version it reads.
+pub const OLDEST_VERSION: u32 = 1;
+/// Most bytes a state blob may take whatever the limits (a frontend cannot make the destination
+/// allocate more); a destination's own bound is [`Bounds::max_len`], far lower by default.
 /// 100,000 nodes take about 6 MB.
 pub const MAX_STATE_LEN: u64 = 1 << 30;
-/// Longest name of a node in its parent.
-const MAX_NAME: usize = 4096;
+/// Longest name of a node in its parent: one CephFS path component (NAME_MAX).
+const MAX_NAME: usize = 255;
+/// Header: magic, version, body length, checksum.
+const HEADER: usize = 8 + 4 + 8 + 8;
+/// Body before the node records: options, id mapping, root, and the two counts.
+const BODY_FIXED: usize = 8 + 8 + 8 + 8 + 4 + 4;
 /// Fixed part of a node record and the smallest handle record: how many records a body of a
 /// given length can hold at most (a count beyond it is corrupt, and is never allocated for).
 const NODE_FIXED: usize = 8 + 8 + 8 + 4 + 8 + 8 + 2;
 const HANDLE_MIN: usize = 8 + 8 + 1 + 4;
+/// The largest handle record (version 2: a directory position and the opener ids).
+const HANDLE_MAX: usize = 8 + 8 + 1 + 8 + 4 + 4;
+/// Opener ids of a handle whose opener is unknown.
+const NO_OPENER: u32 = u32::MAX;
 
 const HANDLE_FILE: u8 = 1;
 const HANDLE_DIR: u8 = 2;
@@ -53,6 +72,43 @@ pub struct State {
     pub nodes: Vec<NodeState>,
     /// Every open handle.
     pub handles: Vec<HandleState>,
+    /// Who opened each handle, by handle number (version 2); a handle missing here has no
+    /// known opener and is not opened again by a destination.
+    pub openers: std::collections::HashMap<u64, Opener>,
+}
+
+/// The guest caller (its uid and gid as the guest sent them, before the id mapping) that
+/// opened a handle: a destination opens the handle again as that caller, through its own id
+/// mapping (which must equal the source's, see [`State::idmap_fingerprint`]), so that a forged
+/// state cannot open a file with more rights than a request of the guest could.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Opener {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// What a destination accepts: its `--max-nodes` and `--max-handles`. A state over them is
+/// refused before its records are allocated, and one longer than they allow before it is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// Most nodes, the export root included (`--max-nodes`).
+    pub max_nodes: usize,
+    /// Most handles (`--max-handles`).
+    pub max_handles: usize,
+}
+
+impl Bounds {
+    /// The longest state these limits allow: every node with the longest name and every
+    /// handle of the largest kind (never more than [`MAX_STATE_LEN`]). With the defaults
+    /// (500,000 nodes, 100,000 handles) about 154 MB.
+    pub fn max_len(&self) -> u64 {
+        let nodes = self.max_nodes.saturating_sub(1);
+        let len = nodes
+            .saturating_mul(NODE_FIXED + MAX_NAME)
+            .saturating_add(self.max_handles.saturating_mul(HANDLE_MAX))
+            .saturating_add(HEADER + BODY_FIXED);
+        u64::try_from(len).unwrap_or(u64::MAX).min(MAX_STATE_LEN)
+    }
 }
 
 /// One node: a guest node id and the CephFS inode it stands for.
@@ -99,6 +155,14 @@ pub enum FormatError {
     Corrupt(&'static str),
     #[error("device state checksum mismatch: the bytes were damaged on the way")]
     Checksum,
+    #[error("device state holds {count} {what}, more than this daemon's limit of {max}: start the destination with at least the source's --max-nodes and --max-handles")]
+    OverLimit {
+        what: &'static str,
+        count: usize,
+        max: usize,
+    },
+    #[error("device state is {len} bytes, more than the {max} this daemon's --max-nodes and --max-handles allow: start the destination with at least the source's limits")]
+    TooLong { len: u64, max: u64 },
 }
 
 /// What the destination made of a loaded state.
@@ -136,6 +200,8 @@ pub enum MigrationError {
     IdMapping,
     #[error("the destination already serves a FUSE session ({0} nodes, {1} handles): load state only into a fresh daemon")]
     SessionActive(usize, usize),
+    #[error("the frontend sent a device state after the guest's FUSE session started on this connection (FUSE INIT, or a state loaded before): refused; a state is loaded only into a fresh connection, before the guest's first request")]
+    SessionServed,
     #[error("{lost} of the guest's nodes and handles could not be found again (first: {first}), and --migration-on-error abort is set")]
     Unresolved { lost: usize, first: String },
     #[error("requests of the guest are still running: the device was not stopped")]
@@ -159,8 +225,27 @@ pub enum OnError {
 pub trait DeviceState: Send + Sync {
     /// The guest's session as a state blob (see the module doc).
     fn save_state(&self) -> Result<Vec<u8>, MigrationError>;
-    /// Take over the session in `bytes`: resolve every entry before returning.
+    /// Take over the session in `bytes` (from the frontend: untrusted): resolve every entry
+    /// before returning. Refused once the connection served a FUSE session (see
+    /// [`DeviceState::connection_started`]).
     fn load_state(&self, bytes: &[u8]) -> Result<LoadReport, MigrationError>;
+    /// Take over the session a handover predecessor sent (`--handover`): a process of the
+    /// daemon's own user, checked by the socket's peer credentials, which could read the
+    /// daemon's key anyway. The same checks as [`DeviceState::load_state`], except that what
+    /// cannot be proven to lie in the export (a file the guest holds open after another client
+    /// deleted it: it has no name left) is kept as the predecessor had it.
+    fn load_peer_state(&self, bytes: &[u8]) -> Result<LoadReport, MigrationError> {
+        self.load_state(bytes)
+    }
+    /// The most bytes a state this daemon loads may take: read no more from the frontend
+    /// (longer ones are refused by [`DeviceState::load_state`] anyway).
+    fn max_state_len(&self) -> u64 {
+        MAX_STATE_LEN
+    }
+    /// A new frontend connection begins (the previous one's session ended): a LOAD is accepted
+    /// again, until the first FUSE INIT (or successful LOAD) of this connection. Without this
+    /// call, a LOAD is refused once the daemon served any session.
+    fn connection_started(&self) {}
 }
 
 /// FNV-1a, 64 bit: the body checksum and the id mapping's fingerprint (no crate for 10 lines).
@@ -215,6 +300,12 @@ impl State {
                     body.extend_from_slice(&pos.to_le_bytes());
                 }
             }
+            let o = self.openers.get(&h.fh).copied().unwrap_or(Opener {
+                uid: NO_OPENER,
+                gid: NO_OPENER,
+            });
+            body.extend_from_slice(&o.uid.to_le_bytes());
+            body.extend_from_slice(&o.gid.to_le_bytes());
         }
         let mut out = Vec::with_capacity(body.len() + 28);
         out.extend_from_slice(&MAGIC);
@@ -227,13 +318,30 @@ impl State {
 
     /// Read a state blob: any damage is an error, never a panic or a huge allocation.
     pub fn decode(bytes: &[u8]) -> Result<State, FormatError> {
+        Self::decode_within(
+            bytes,
+            &Bounds {
+                max_nodes: usize::MAX,
+                max_handles: usize::MAX,
+            },
+        )
+    }
+
+    /// [`State::decode`] within a destination's limits: a blob longer than they allow, or
+    /// counts over them, are refused before any record is read.
+    pub fn decode_within(bytes: &[u8], bounds: &Bounds) -> Result<State, FormatError> {
+        let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+        let max = bounds.max_len();
+        if len > max {
+            return Err(FormatError::TooLong { len, max });
+        }
         let mut r = Cursor(bytes);
         let magic = r.take(MAGIC.len(), "magic")?;
         if magic != MAGIC {
             return Err(FormatError::BadMagic);
         }
         let version = r.u32("version")?;
-        if version != VERSION {
+        if !(OLDEST_VERSION..=VERSION).contains(&version) {
             return Err(FormatError::Version { found: version });
         }
         let len = r.u64("body length")?;
@@ -256,6 +364,15 @@ impl State {
             ..State::default()
         };
         let count = r.count("node count", NODE_FIXED)?;
+        // The root is node 1 and not in the state.
+        let max = bounds.max_nodes.saturating_sub(1);
+        if count > max {
+            return Err(FormatError::OverLimit {
+                what: "nodes besides the root",
+                count,
+                max,
+            });
+        }
         s.nodes.reserve(count);
         for _ in 0..count {
             let id = r.u64("node")?;
@@ -283,6 +400,13 @@ impl State {
             });
         }
         let count = r.count("handle count", HANDLE_MIN)?;
+        if count > bounds.max_handles {
+            return Err(FormatError::OverLimit {
+                what: "handles",
+                count,
+                max: bounds.max_handles,
+            });
+        }
         s.handles.reserve(count);
         for _ in 0..count {
             let fh = r.u64("handle")?;
@@ -296,6 +420,16 @@ impl State {
                 },
                 _ => return Err(FormatError::Corrupt("handle type")),
             };
+            if version >= 2 {
+                let uid = r.u32("handle opener")?;
+                let gid = r.u32("handle opener")?;
+                if uid != NO_OPENER
+                    && gid != NO_OPENER
+                    && s.openers.insert(fh, Opener { uid, gid }).is_some()
+                {
+                    return Err(FormatError::Corrupt("two handles of one number"));
+                }
+            }
             s.handles.push(HandleState { fh, node, kind });
         }
         if !r.0.is_empty() {
@@ -391,7 +525,118 @@ mod tests {
                     },
                 },
             ],
+            openers: [(
+                77,
+                Opener {
+                    uid: 1000,
+                    gid: 100,
+                },
+            )]
+            .into_iter()
+            .collect(),
         }
+    }
+
+    /// A blob of `version` around `body`.
+    fn blob(version: u32, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&MAGIC);
+        out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u64).to_le_bytes());
+        out.extend_from_slice(&fingerprint(body).to_le_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// A version 1 state (no opener ids) is still read; its handles have no opener.
+    #[test]
+    fn version_1_is_read_without_openers() {
+        let mut body = Vec::new();
+        for v in [7u64, 8, 0x1000, u64::MAX - 1] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.extend_from_slice(&0u32.to_le_bytes());
+        body.extend_from_slice(&1u32.to_le_bytes());
+        body.extend_from_slice(&77u64.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.push(HANDLE_FILE);
+        body.extend_from_slice(&libc::O_RDWR.to_le_bytes());
+        let s = State::decode(&blob(1, &body)).unwrap();
+        assert_eq!(s.handles.len(), 1);
+        assert!(s.openers.is_empty());
+        assert_eq!((s.fuse_capable, s.root), (7, (0x1000, u64::MAX - 1)));
+    }
+
+    /// Counts over the destination's limits and blobs longer than they allow are refused
+    /// before a record is read; a state within them is read whole.
+    #[test]
+    fn hostile_a_state_over_the_limits_is_refused_before_it_is_read() {
+        let s = sample();
+        let bytes = s.encode();
+        let fits = Bounds {
+            max_nodes: 3,
+            max_handles: 2,
+        };
+        assert_eq!(State::decode_within(&bytes, &fits).unwrap(), s);
+        let nodes = Bounds {
+            max_nodes: 2,
+            ..fits
+        };
+        assert!(matches!(
+            State::decode_within(&bytes, &nodes),
+            Err(FormatError::OverLimit {
+                count: 2,
+                max: 1,
+                ..
+            })
+        ));
+        let handles = Bounds {
+            max_handles: 1,
+            ..fits
+        };
+        assert!(matches!(
+            State::decode_within(&bytes, &handles),
+            Err(FormatError::OverLimit {
+                count: 2,
+                max: 1,
+                ..
+            })
+        ));
+        // The length bound: two nodes with the longest names and two handles fit in it; more
+        // bytes do not, whatever they hold.
+        assert!(bytes.len() as u64 <= fits.max_len());
+        let mut long = bytes.clone();
+        long.resize(fits.max_len() as usize + 1, 0);
+        assert!(matches!(
+            State::decode_within(&long, &fits),
+            Err(FormatError::TooLong { .. })
+        ));
+        // A node name longer than a path component is corrupt.
+        let mut named = sample();
+        named.nodes[0].name = vec![b'x'; 256];
+        named.nodes[0].parent = 1;
+        let mut body = Vec::new();
+        body.extend_from_slice(&[0u8; 32]);
+        body.extend_from_slice(&1u32.to_le_bytes());
+        for v in [5u64, 5, u64::MAX - 1] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.extend_from_slice(&libc::S_IFREG.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&256u16.to_le_bytes());
+        body.extend_from_slice(&[b'x'; 256]);
+        body.extend_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            State::decode(&blob(VERSION, &body)).unwrap_err(),
+            FormatError::Corrupt("node name length")
+        );
+        // The default limits bound a state far below the format's own maximum.
+        let defaults = Bounds {
+            max_nodes: 500_000,
+            max_handles: 100_000,
+        };
+        assert!(defaults.max_len() < 160_000_000, "{}", defaults.max_len());
     }
 
     #[test]
@@ -436,12 +681,7 @@ mod tests {
         let mut body = Vec::new();
         body.extend_from_slice(&[0u8; 32]);
         body.extend_from_slice(&u32::MAX.to_le_bytes());
-        let mut forged = Vec::new();
-        forged.extend_from_slice(&MAGIC);
-        forged.extend_from_slice(&VERSION.to_le_bytes());
-        forged.extend_from_slice(&(body.len() as u64).to_le_bytes());
-        forged.extend_from_slice(&fingerprint(&body).to_le_bytes());
-        forged.extend_from_slice(&body);
+        let forged = blob(VERSION, &body);
         assert_eq!(
             State::decode(&forged).unwrap_err(),
             FormatError::Truncated("node count")
@@ -451,10 +691,15 @@ mod tests {
     #[test]
     fn other_versions_are_refused() {
         let mut bytes = sample().encode();
-        bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+        bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
         assert_eq!(
             State::decode(&bytes).unwrap_err(),
-            FormatError::Version { found: 2 }
+            FormatError::Version { found: 3 }
+        );
+        bytes[8..12].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            State::decode(&bytes).unwrap_err(),
+            FormatError::Version { found: 0 }
         );
         bytes[..8].copy_from_slice(b"CVFSSTAX");
         assert_eq!(State::decode(&bytes).unwrap_err(), FormatError::BadMagic);
@@ -474,6 +719,8 @@ mod tests {
                 name: format!("file-{i:06}").into_bytes(),
             })
             .collect();
+        s.handles.clear();
+        s.openers.clear();
         let bytes = s.encode();
         assert!(bytes.len() < 100_000 * 64, "{}", bytes.len());
         assert_eq!(State::decode(&bytes).unwrap().nodes.len(), 100_000);

@@ -369,27 +369,52 @@ fn state_size_and_load_time_for_many_nodes() {
     let bytes = a.save_state().unwrap();
     let save = t.elapsed();
     a.shutdown().unwrap();
-    let b = destination(&lab, &export, OnError::Abort);
-    let t = Instant::now();
-    let report = b.load_state(&bytes).unwrap();
-    let load = t.elapsed();
+    // What the proof that every node lies below the export costs: the same state loaded as
+    // a handover predecessor's (not proven) on another destination, first or second in turn
+    // (`MIGRATION_PEER_FIRST=1`), so that the MDS's cache favours neither.
+    let peer_first = std::env::var("MIGRATION_PEER_FIRST").is_ok_and(|v| v == "1");
+    let timed = |peer: bool| {
+        let b = destination(&lab, &export, OnError::Abort);
+        let t = Instant::now();
+        let report = if peer {
+            b.load_peer_state(&bytes)
+        } else {
+            b.load_state(&bytes)
+        }
+        .unwrap();
+        let load = t.elapsed();
+        assert_eq!(report.nodes, count + 1);
+        assert_eq!(b.node_count(), count + 2);
+        b.shutdown().unwrap();
+        (load, report)
+    };
+    let (peer, proven) = if peer_first {
+        let p = timed(true);
+        (p, timed(false))
+    } else {
+        let f = timed(false);
+        (timed(true), f)
+    };
     println!(
-        "MIGRATION FIGURES nodes={} state_bytes={} save_ms={} load_ms={} ({report})",
+        "MIGRATION FIGURES nodes={} state_bytes={} save_ms={} load_ms={} unproven_load_ms={} \
+         peer_first={peer_first} ({})",
         count + 1,
         bytes.len(),
         save.as_millis(),
-        load.as_millis()
+        proven.0.as_millis(),
+        peer.0.as_millis(),
+        proven.1
     );
-    assert_eq!(report.nodes, count + 1);
-    assert_eq!(b.node_count(), count + 2);
-    b.shutdown().unwrap();
 }
 
 /// A file another client deletes while the source still holds it open: the MDS keeps it (in
-/// its stray directory) while a client holds it, so the destination finds it by number, and
-/// the guest's open file goes on, as on a local filesystem.
+/// its stray directory) while a client holds it, and a destination could find it by number.
+/// But nothing proves any more that it lies in the export (its name is gone, and a stray
+/// inode's number is all a forged state would need to name another tenant's deleted file), so
+/// a state from the frontend leaves it out: the guest gets ESTALE for it. A handover
+/// predecessor (the daemon's own user) is believed: there the guest's open file goes on.
 #[test]
-fn a_file_deleted_while_the_source_holds_it_stays_open() {
+fn a_file_deleted_while_the_source_holds_it_is_stale_but_handed_over() {
     let lab = Lab::get();
     let name = format!("migrate-held-{}", std::process::id());
     let export = format!("/{name}");
@@ -409,8 +434,22 @@ fn a_file_deleted_while_the_source_holds_it_stays_open() {
             .unwrap();
         m.unlink(&dir, &c("unlinked"), &perm).unwrap();
     }
-    let b = destination(&lab, &export, OnError::Abort);
+    // From the frontend: not proven, so stale (and with `abort`, the migration fails).
+    let b = destination(&lab, &export, OnError::GuestError);
     let report = b.load_state(&bytes).unwrap();
+    assert_eq!((report.lost_nodes, report.lost_handles), (1, 1), "{report}");
+    assert_eq!(errno(read(&b, ino, fh, 0, 64)), libc::ESTALE);
+    assert_eq!(errno(b.getattr(&root, ino, None)), libc::ESTALE);
+    b.shutdown().unwrap();
+    let b = destination(&lab, &export, OnError::Abort);
+    assert!(matches!(
+        b.load_state(&bytes),
+        Err(MigrationError::Unresolved { .. })
+    ));
+    b.shutdown().unwrap();
+    // From a handover predecessor: the open file goes on.
+    let b = destination(&lab, &export, OnError::Abort);
+    let report = b.load_peer_state(&bytes).unwrap();
     assert_eq!((report.lost_nodes, report.lost_handles), (0, 0), "{report}");
     a.shutdown().unwrap();
     assert_eq!(read(&b, ino, fh, 0, 64).unwrap(), b"still here");
@@ -681,9 +720,10 @@ fn unlink_via_other_client(lab: &Lab, export: &str, path: &str) {
 }
 
 /// The guest's workload: its cwd in the share, the holder above in the background, a file
-/// held open for reading (another client deletes it before the migration), an appending writer
-/// that fsyncs each line until the host says stop, and a reader that checks every line at the
-/// end.
+/// held open for reading (another client deletes it before the migration: nothing proves it
+/// lies in the export any more, so the destination leaves it out and the guest's read of it
+/// fails), an appending writer that fsyncs each line until the host says stop, and a reader
+/// that checks every line at the end.
 const GUEST_WORKLOAD: &str = r#"
 mkdir -p work/dir && cd work || exit 10
 i=0
@@ -703,10 +743,9 @@ done
 echo "WRITER-DONE $i"
 exec 3>&-
 echo WRITER-CLOSED
-read -r v <&4 || { echo "VICTIM-UNREADABLE"; exit 16; }
-[ "$v" = precious ] || { echo "VICTIM-CHANGED $v"; exit 16; }
 [ ! -e victim ] || { echo "VICTIM-STILL-LINKED"; exit 17; }
-echo VICTIM-STILL-OPEN
+if read -r v <&4; then echo "VICTIM-STILL-OPEN $v"; exit 16; fi
+echo VICTIM-STALE
 wait $holder || { echo "HOLDER-FAILED $?"; exit 15; }
 n=$(wc -l < log)
 echo "WORKLOAD-DONE lines=$n written=$i"
@@ -867,6 +906,7 @@ fn guest_migrates_between_daemons_under_qemu10() {
     );
     let console = qb.console();
     assert!(console.contains("GUEST-RESULT: rc=0"), "{console}");
+    assert!(console.contains("VICTIM-STALE"), "{console}");
     assert!(
         console.contains(&format!("DIR-DONE seen={DIR_ENTRIES}")),
         "{console}"
@@ -904,8 +944,9 @@ fn guest_migrates_between_daemons_under_qemu10() {
     drop(daemon_b);
 }
 
-/// What a destination confined to a subtree by its cephx caps makes of a state naming an inode
-/// outside it (a frontend that lies): the MDS's path check decides, not the daemon.
+/// What a destination makes of a state naming an inode outside its export (a frontend that
+/// lies): confined to the subtree by its cephx caps, the MDS's path check refuses it; with caps
+/// on the whole filesystem, the daemon's own proof does (it was resolved before).
 #[test]
 fn a_state_naming_an_inode_outside_the_callers_path_caps() {
     use ceph_virtiofsd::migration::{NodeState, State};
@@ -978,8 +1019,8 @@ fn a_state_naming_an_inode_outside_the_callers_path_caps() {
         libc::ESTALE
     );
     b.shutdown().unwrap();
-    // The control: a client without the path restriction, mounted at the same subtree, does
-    // resolve it. The caps are what bound a lying state, not the daemon.
+    // A client without the path restriction, mounted at the same subtree, resolves it, but
+    // cannot prove it lies below the export: left out all the same.
     let mount = MountBuilder::new(Some(&lab.client_id))
         .and_then(|b| b.conf_read_file(Some(&lab.conf)))
         .and_then(|b| b.mount(&format!("/{name}/inside")))
@@ -987,6 +1028,435 @@ fn a_state_naming_an_inode_outside_the_callers_path_caps() {
     let open = CephFs::new(mount, Default::default()).unwrap();
     let report = open.load_state(&state.encode()).unwrap();
     println!("NO PATH CAPS: {report}");
-    assert_eq!(report.lost_nodes, 0, "{report}");
+    assert_eq!(report.lost_nodes, 1, "{report}");
+    assert_eq!(
+        errno(open.getattr(&ctx(0, 0), outside_st.stx_ino, None)),
+        libc::ESTALE
+    );
     open.shutdown().unwrap();
+}
+
+// ---- device states are untrusted: a frontend that forges one --------------------------------
+
+/// CephFS "no snapshot": the live tree.
+const NOSNAP: u64 = u64::MAX - 1;
+/// Node ids the table allocates carry the top bit (`fs::nodes`).
+const ALLOCATED: u64 = 1 << 63;
+
+/// A forged state for a destination exporting the directory of inode `root`: it passes every
+/// check a state passed before (format, export root, id mapping).
+fn forged(
+    root: u64,
+    nodes: Vec<ceph_virtiofsd::migration::NodeState>,
+    handles: Vec<ceph_virtiofsd::migration::HandleState>,
+) -> ceph_virtiofsd::migration::State {
+    ceph_virtiofsd::migration::State {
+        fuse_capable: FsOptions::ASYNC_READ.bits(),
+        idmap_fingerprint: ceph_virtiofsd::migration::fingerprint(
+            format!("{:?}", ceph_virtiofsd::idmap::IdMapping::default()).as_bytes(),
+        ),
+        root: (root, NOSNAP),
+        nodes,
+        handles,
+        ..Default::default()
+    }
+}
+
+/// A head directory node of inode `ino`, found in `parent` as `name` (0 and "": no link).
+fn dir_node(ino: u64, parent: u64, name: &str) -> ceph_virtiofsd::migration::NodeState {
+    ceph_virtiofsd::migration::NodeState {
+        id: ino,
+        ino,
+        snapid: NOSNAP,
+        kind: libc::S_IFDIR,
+        lookups: 1,
+        parent,
+        name: name.as_bytes().to_vec(),
+    }
+}
+
+/// What a guest gets when it lists node `id`: the names, or the errno of OPENDIR or
+/// READDIRPLUS.
+fn list(fs: &CephFs, id: u64) -> Result<Vec<String>, i32> {
+    let who = ctx(0, 0);
+    let fh = fs
+        .opendir(&who, id, 0)
+        .map_err(|e| e.raw_os_error().unwrap_or(0))?
+        .0
+        .unwrap_or(0);
+    let mut names = Vec::new();
+    let r = fs.readdirplus(&who, id, fh, 65536, 0, &mut |d, _| {
+        let n = String::from_utf8_lossy(d.name).into_owned();
+        if n != "." && n != ".." {
+            names.push(n);
+        }
+        Ok(1)
+    });
+    let _ = fs.releasedir(&who, id, 0, fh);
+    r.map_err(|e| e.raw_os_error().unwrap_or(0))?;
+    Ok(names)
+}
+
+/// `/<name>/a` (the export) and `/<name>/b` (another tenant's tree, with `secret` in it),
+/// made by another client; the statx of `/<name>`, a and b.
+fn two_trees(
+    lab: &Lab,
+    name: &str,
+) -> (ceph_client::Statx, ceph_client::Statx, ceph_client::Statx) {
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let top = m.lookup_root().unwrap();
+    let (base, base_st) = m
+        .mkdir(&top, &c(name), 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    let (_, a_st) = m
+        .mkdir(&base, &c("a"), 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    let (b, b_st) = m
+        .mkdir(&base, &c("b"), 0o777, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    m.mknod(
+        &b,
+        &c("secret"),
+        libc::S_IFREG | 0o644,
+        0,
+        CEPH_STATX_BASIC_STATS,
+        0,
+        &perm,
+    )
+    .unwrap();
+    (base_st, a_st, b_st)
+}
+
+/// The filesystem layer exporting `export` as `client.admin` (a key that reaches the whole
+/// filesystem, as the default configuration needs), with no FUSE session yet.
+fn admin_destination(lab: &Lab, export: &str, cfg: ceph_virtiofsd::fs::FsConfig) -> CephFs {
+    let mount = MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.mount(export))
+        .expect("mount the export");
+    CephFs::new(mount, cfg).unwrap()
+}
+
+/// Finding 1 of the security review: a state naming inodes outside the export (another
+/// tenant's tree, the filesystem root, the export's parent by a ".." link, a link that does
+/// not hold) is loaded by a destination whose key reaches them; the guest must get ESTALE for
+/// each of them, never a listing.
+#[test]
+fn hostile_a_state_naming_inodes_outside_the_export_is_stale() {
+    let lab = Lab::get();
+    let name = format!("migrate-outside-{}", std::process::id());
+    let (base_st, a_st, b_st) = two_trees(&lab, &name);
+    let (base, a, b) = (base_st.stx_ino, a_st.stx_ino, b_st.stx_ino);
+    let fs = admin_destination(&lab, &format!("/{name}/a"), Default::default());
+    let slash = ALLOCATED | 2;
+    let state = forged(
+        a,
+        vec![
+            // Another tenant's tree, found by number (no link: "a directory found by ..").
+            dir_node(b, 0, ""),
+            // The export's parent, claimed to be ".." of the export root (libcephfs would
+            // confirm that name).
+            dir_node(base, 1, ".."),
+            // The filesystem root.
+            ceph_virtiofsd::migration::NodeState {
+                id: slash,
+                ino: 1,
+                ..dir_node(1, 0, "")
+            },
+        ],
+        Vec::new(),
+    );
+    let report = fs.load_state(&state.encode());
+    println!("OUTSIDE: {report:?}");
+    let served: Vec<String> = [
+        ("another tree", b),
+        ("the export's parent", base),
+        ("/", slash),
+    ]
+    .into_iter()
+    .map(|(what, id)| (what, list(&fs, id)))
+    .filter(|(_, got)| *got != Err(libc::ESTALE))
+    .map(|(what, got)| format!("{what}: {got:?}"))
+    .collect();
+    assert!(
+        served.is_empty(),
+        "forged nodes outside the export are served: {served:#?}"
+    );
+    fs.shutdown().unwrap();
+}
+
+/// The same with quarantine on, as the daemon runs by default: another tenant's subvolume root
+/// is a quarantine domain of its own (released), which the derivation took as the anchor of a
+/// forged node, and "/" is outside every domain.
+#[test]
+fn hostile_a_state_naming_another_subvolume_with_quarantine_on_is_stale() {
+    use ceph_virtiofsd::quarantine::{self, CephAccess};
+    let lab = Lab::get();
+    let group = format!("migq{}", std::process::id());
+    let (sva, svb) = (
+        format!("/volumes/{group}/sva"),
+        format!("/volumes/{group}/svb"),
+    );
+    let m = lab.ceph();
+    common::quarantine::mkdirs(&m, &format!("{sva}/data"));
+    common::quarantine::mkdirs(&m, &format!("{svb}/data"));
+    let perm = UserPerm::root();
+    let ino = |p: &str| {
+        quarantine::resolve(&m, p, &perm)
+            .unwrap()
+            .vino()
+            .unwrap()
+            .ino
+    };
+    let (a, b, b_data) = (ino(&sva), ino(&svb), ino(&format!("{svb}/data")));
+    let access = CephAccess {
+        conf: Some(lab.conf.clone()),
+        client_id: Some(lab.client_id.clone()),
+        mount_timeout: std::time::Duration::from_secs(30),
+        ..Default::default()
+    };
+    let q = common::quarantine::qcfg();
+    let (gate, _watcher) = quarantine::start(access, q.clone(), &sva).unwrap();
+    let fs = admin_destination(
+        &lab,
+        &sva,
+        ceph_virtiofsd::fs::FsConfig {
+            quarantine: Some(gate),
+            revocable_ttl: q.ttl_bound(),
+            ..Default::default()
+        },
+    );
+    // The control: the export's own tree is served (then forgotten: the tables are empty
+    // again, as a destination's are).
+    let data = fs.lookup(&ctx(0, 0), 1, &c("data")).unwrap().inode;
+    assert_eq!(list(&fs, data), Ok(Vec::new()));
+    fs.forget(&ctx(0, 0), data, 1);
+    assert_eq!(fs.node_count(), 1);
+    let slash = ALLOCATED | 2;
+    let state = forged(
+        a,
+        vec![
+            dir_node(b, 0, ""),
+            dir_node(b_data, b, "data"),
+            ceph_virtiofsd::migration::NodeState {
+                id: slash,
+                ino: 1,
+                ..dir_node(1, 0, "")
+            },
+        ],
+        Vec::new(),
+    );
+    let report = fs.load_state(&state.encode());
+    println!("OUTSIDE, QUARANTINE ON: {report:?}");
+    let served: Vec<String> = [
+        ("another subvolume's root", b),
+        ("a directory in it", b_data),
+        ("/", slash),
+    ]
+    .into_iter()
+    .map(|(what, id)| (what, list(&fs, id)))
+    .filter(|(_, got)| *got != Err(libc::ESTALE))
+    .map(|(what, got)| format!("{what}: {got:?}"))
+    .collect();
+    assert!(
+        served.is_empty(),
+        "forged nodes outside the export are served: {served:#?}"
+    );
+    fs.shutdown().unwrap();
+}
+
+/// A forged handle: a file of the export that only root may write, "opened" O_RDWR by the
+/// guest. The destination must not open it as CephFS root with the state's write flags: only
+/// as the caller the state says opened it, through the id mapping (a state without openers,
+/// format version 1, opens no handle at all). The owner of a file gets its handle back even
+/// where the mode denies it now (it could change the mode itself).
+#[test]
+fn hostile_a_forged_write_handle_is_not_reopened_as_root() {
+    use ceph_virtiofsd::migration::{HandleKind, HandleState, NodeState, Opener};
+    let lab = Lab::get();
+    let name = format!("migrate-handle-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let dir = common::ceph_dir(&m, &export);
+    let file = |name: &str, mode: u32, owner: u32| {
+        let (inode, st) = m
+            .mknod(
+                &dir,
+                &c(name),
+                libc::S_IFREG | mode,
+                0,
+                CEPH_STATX_BASIC_STATS,
+                0,
+                &perm,
+            )
+            .unwrap();
+        let own = ceph_client::Statx {
+            stx_uid: owner,
+            stx_gid: owner,
+            ..Default::default()
+        };
+        m.setattr(
+            &inode,
+            &own,
+            ceph_client::CEPH_SETATTR_UID | ceph_client::CEPH_SETATTR_GID,
+            &perm,
+        )
+        .unwrap();
+        st.stx_ino
+    };
+    let rootonly = file("rootonly", 0o644, 0);
+    let readonly = file("readonly", 0o444, 1000);
+    let root_ino = m
+        .getattr(&dir, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap()
+        .stx_ino;
+    let fh = 0x1000;
+    // One state per load (a destination loads once): the file `name` (inode `ino`) open
+    // O_RDWR by `opener`.
+    let load = |ino: u64, name: &str, opener: Option<(u32, u32)>| {
+        let mut state = forged(
+            root_ino,
+            vec![NodeState {
+                id: ino,
+                ino,
+                snapid: NOSNAP,
+                kind: libc::S_IFREG,
+                lookups: 1,
+                parent: 1,
+                name: name.as_bytes().to_vec(),
+            }],
+            vec![HandleState {
+                fh,
+                node: ino,
+                kind: HandleKind::File {
+                    oflags: libc::O_RDWR,
+                },
+            }],
+        );
+        if let Some((uid, gid)) = opener {
+            state.openers.insert(fh, Opener { uid, gid });
+        }
+        let fs = admin_destination(&lab, &export, Default::default());
+        let report = fs.load_state(&state.encode());
+        println!("FORGED HANDLE {name} {opener:?}: {report:?}");
+        let wrote = write(&fs, ino, fh, 0, b"owned");
+        fs.shutdown().unwrap();
+        wrote.map_err(|e| e.raw_os_error().unwrap_or(0))
+    };
+    // No opener (what a version 1 state, or one that leaves it out, says): not opened.
+    assert_eq!(load(rootonly, "rootonly", None), Err(libc::ESTALE));
+    // Opened by uid 1000: it may not write the file, so neither may the handle.
+    assert_eq!(
+        load(rootonly, "rootonly", Some((1000, 1000))),
+        Err(libc::ESTALE)
+    );
+    assert_eq!(read_via_other_client(&lab, &export, "rootonly"), b"");
+    // The owner of a read-only file that it had open for writing gets its handle back.
+    assert_eq!(load(readonly, "readonly", Some((1000, 1000))), Ok(5));
+    assert_eq!(read_via_other_client(&lab, &export, "readonly"), b"owned");
+    // Root opened it: root may write.
+    assert_eq!(load(rootonly, "rootonly", Some((0, 0))), Ok(5));
+    assert_eq!(read_via_other_client(&lab, &export, "rootonly"), b"owned");
+}
+
+/// `--max-nodes` and `--max-handles` bound what a state may bring, and a state longer than
+/// those limits allow is refused before it is decoded.
+#[test]
+fn hostile_a_state_over_the_limits_is_refused() {
+    use ceph_virtiofsd::migration::{HandleKind, HandleState, NodeState};
+    let lab = Lab::get();
+    let name = format!("migrate-limits-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let m = lab.ceph();
+    let root_ino = m
+        .getattr(
+            &common::ceph_dir(&m, &export),
+            CEPH_STATX_BASIC_STATS,
+            0,
+            &UserPerm::root(),
+        )
+        .unwrap()
+        .stx_ino;
+    let cfg = || ceph_virtiofsd::fs::FsConfig {
+        max_nodes: 10,
+        max_handles: 5,
+        ..Default::default()
+    };
+    let node = |i: u64, name_len: usize| NodeState {
+        id: 0x7000_0000 + i,
+        ino: 0x7000_0000 + i,
+        snapid: NOSNAP,
+        kind: libc::S_IFREG,
+        lookups: 1,
+        parent: 1,
+        name: vec![b'n'; name_len],
+    };
+    // More nodes than --max-nodes (the root counts).
+    let fs = admin_destination(&lab, &export, cfg());
+    let many = forged(root_ino, (0..10).map(|i| node(i, 8)).collect(), Vec::new());
+    let r = fs.load_state(&many.encode());
+    println!("NODES OVER THE LIMIT: {r:?}");
+    assert!(
+        r.is_err(),
+        "10 nodes and the root loaded under --max-nodes 10"
+    );
+    assert_eq!(fs.node_count(), 1);
+    // More handles than --max-handles.
+    let handles = (0..6)
+        .map(|i| HandleState {
+            fh: 100 + i,
+            node: 1,
+            kind: HandleKind::Dir { pos: 0 },
+        })
+        .collect();
+    let r = fs.load_state(&forged(root_ino, Vec::new(), handles).encode());
+    println!("HANDLES OVER THE LIMIT: {r:?}");
+    assert!(r.is_err(), "6 handles loaded under --max-handles 5");
+    assert_eq!(fs.handle_count(), 0);
+    // Few nodes, but more bytes than 10 nodes can take (a version 1 state could carry names
+    // of 4,096 bytes): refused before it is read, and the frontend is told to read no more.
+    let max = fs.max_state_len();
+    assert!(max < 4096, "{max} bytes for 10 nodes and 5 handles");
+    let mut body = Vec::new();
+    for v in [0u64, many.idmap_fingerprint, root_ino, NOSNAP] {
+        body.extend_from_slice(&v.to_le_bytes());
+    }
+    body.extend_from_slice(&5u32.to_le_bytes());
+    for i in 0..5u64 {
+        for v in [0x7000_0000 + i, 0x7000_0000 + i, NOSNAP] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.extend_from_slice(&libc::S_IFREG.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&1u64.to_le_bytes());
+        body.extend_from_slice(&4000u16.to_le_bytes());
+        body.extend_from_slice(&[b'n'; 4000]);
+    }
+    body.extend_from_slice(&0u32.to_le_bytes());
+    let mut long = b"CVFSSTAT".to_vec();
+    long.extend_from_slice(&1u32.to_le_bytes());
+    long.extend_from_slice(&(body.len() as u64).to_le_bytes());
+    long.extend_from_slice(&ceph_virtiofsd::migration::fingerprint(&body).to_le_bytes());
+    long.extend_from_slice(&body);
+    let r = fs.load_state(&long);
+    println!("LONGER THAN THE LIMITS ALLOW ({} bytes): {r:?}", long.len());
+    assert!(r.is_err(), "a 20 KB state loaded under --max-nodes 10");
+    fs.shutdown().unwrap();
+}
+
+/// LOAD on a filesystem that already serves a FUSE session (the guest sent INIT, and forgot
+/// everything since) is refused: a frontend cannot swap the guest's session for a forged one.
+#[test]
+fn hostile_a_load_after_fuse_init_is_refused() {
+    let lab = Lab::get();
+    let name = format!("migrate-afterinit-{}", std::process::id());
+    let fs = common::fs_layer(&lab, &name);
+    let root_ino = fs.getattr(&ctx(0, 0), 1, None).unwrap().0.st_ino;
+    let state = forged(root_ino, Vec::new(), Vec::new());
+    let r = fs.load_state(&state.encode());
+    println!("LOAD AFTER INIT: {r:?}");
+    assert!(r.is_err(), "a LOAD after FUSE INIT was accepted");
+    fs.shutdown().unwrap();
 }

@@ -12,6 +12,8 @@ pub struct DirStream {
     /// by the next READDIR at `pos`. Seeking libcephfs back instead would make it drop its
     /// directory buffer and go back to the MDS for every reply page.
     pending: Option<Box<ceph_client::DirEntryPlus>>,
+    /// The guest caller that opened it (a migration opens the stream again as that caller).
+    opener: crate::migration::Opener,
 }
 
 impl DirStream {
@@ -20,8 +22,18 @@ impl DirStream {
         self.pos
     }
 
-    /// A stream opened again by a migration destination, at the source's position.
-    pub(super) fn restored(mut dir: Dir, pos: u64) -> io::Result<Self> {
+    /// Who opened it (migration).
+    pub(super) fn opener(&self) -> crate::migration::Opener {
+        self.opener
+    }
+
+    /// A stream `opener` opened, opened again by a migration destination, at the source's
+    /// position.
+    pub(super) fn restored(
+        mut dir: Dir,
+        pos: u64,
+        opener: crate::migration::Opener,
+    ) -> io::Result<Self> {
         if pos != 0 {
             dir.seekdir(to_off(pos)?);
         }
@@ -29,6 +41,7 @@ impl DirStream {
             dir,
             pos,
             pending: None,
+            opener,
         })
     }
 }
@@ -71,6 +84,7 @@ impl CephFs {
                 dir,
                 pos: 0,
                 pending: None,
+                opener: state::opener_of(ctx),
             })),
             "opendir",
         )?;

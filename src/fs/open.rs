@@ -28,6 +28,8 @@ pub struct OpenFile {
     pub(super) flocked: AtomicBool,
     /// The open flags libcephfs got (a migration opens the file again with them).
     pub(super) oflags: i32,
+    /// The guest caller that opened it (a migration opens the file again as that caller).
+    pub(super) opener: crate::migration::Opener,
     /// The node it was opened on: its quarantine domain is asked on every request, so a
     /// handle follows its node's domain when that is derived again.
     pub(super) node: Arc<Node>,
@@ -38,13 +40,15 @@ pub struct OpenFile {
 }
 
 impl OpenFile {
-    /// A handle opened with `oflags` (as libcephfs got them) on `node`, whose inode is `inode`.
+    /// A handle `opener` opened with `oflags` (as libcephfs got them) on `node`, whose inode is
+    /// `inode`.
     pub(super) fn new(
         file: File,
         writer: Option<File>,
         oflags: i32,
         node: &Arc<Node>,
         inode: Arc<Inode>,
+        opener: crate::migration::Opener,
     ) -> Arc<Self> {
         Arc::new(OpenFile {
             file: Arc::new(file),
@@ -56,6 +60,7 @@ impl OpenFile {
             locked: AtomicBool::new(false),
             flocked: AtomicBool::new(false),
             oflags,
+            opener,
             node: node.clone(),
             inode,
         })
@@ -185,7 +190,14 @@ impl CephFs {
         }
         let fh = self.new_handle(
             inode,
-            Handle::File(OpenFile::new(file, writer, oflags, &node, ino_ref)),
+            Handle::File(OpenFile::new(
+                file,
+                writer,
+                oflags,
+                &node,
+                ino_ref,
+                state::opener_of(ctx),
+            )),
             "open",
         )?;
         Ok((Some(fh), self.open_options(&node), None))
@@ -244,7 +256,14 @@ impl CephFs {
             }
             self.new_handle(
                 node.id,
-                Handle::File(OpenFile::new(file, writer, oflags, &node, ino_ref)),
+                Handle::File(OpenFile::new(
+                    file,
+                    writer,
+                    oflags,
+                    &node,
+                    ino_ref,
+                    state::opener_of(ctx),
+                )),
                 "create",
             )
         })();
