@@ -19,7 +19,10 @@
 //!
 //! The predecessor's session is alive while the successor resolves, so a file the guest holds
 //! open after another client deleted it is still found. Only the daemon's own user may connect
-//! (the socket is 0600 and the peer's uid is checked).
+//! (the socket is 0600 and the peer's uid is checked). The successor believes the state it is
+//! given about where nodes lie ([`DeviceState::load_peer_state`]), so it checks whom it talks
+//! to as well: PATH's directory must be writable by this user (and root) only, so that nobody
+//! else can put a socket there, and the process listening at PATH must run as this user.
 //!
 //! Wire format, all integers little-endian:
 //! ```text
@@ -72,6 +75,10 @@ pub enum TakeOverError {
     Protocol { path: PathBuf },
     #[error("The running daemon refused to hand its session over: {0}")]
     Refused(String),
+    #[error("The handover socket's directory {dir} {why}: another user could put a socket there and hand this daemon a forged session. Give --handover a path in a directory only this daemon's user (and root) can write, such as /run/ceph-virtiofsd (mode 0750)")]
+    UnsafeDirectory { dir: PathBuf, why: String },
+    #[error("The process listening at {path} runs as uid {uid}, not as this daemon's uid {euid}: refused (it is not a ceph-virtiofsd of this device). Remove the socket, and start the daemon again")]
+    OtherUser { path: PathBuf, uid: u32, euid: u32 },
     #[error("Cannot take over the running daemon's session; it keeps serving the guest")]
     Load(#[source] MigrationError),
 }
@@ -85,9 +92,44 @@ pub enum TakeOver {
     Taken(LoadReport),
 }
 
+/// Whether only this user (and root) can put a socket at `path`: its directory belongs to
+/// `euid` or root and is writable by neither its group nor others (a sticky world-writable
+/// directory such as /tmp lets anyone create a name that does not exist yet). The reason if not.
+fn directory_is_private(path: &Path, euid: u32) -> Result<(), TakeOverError> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let unsafe_dir = |why: String| TakeOverError::UnsafeDirectory {
+        dir: dir.clone(),
+        why,
+    };
+    let meta =
+        std::fs::metadata(&dir).map_err(|e| unsafe_dir(format!("cannot be examined ({e})")))?;
+    let mode = meta.mode() & 0o7777;
+    if meta.uid() != euid && meta.uid() != 0 {
+        return Err(unsafe_dir(format!(
+            "belongs to uid {} (neither this daemon's uid {euid} nor root)",
+            meta.uid()
+        )));
+    }
+    if mode & 0o022 != 0 {
+        return Err(unsafe_dir(format!(
+            "is writable by its group or by others (mode {mode:04o})"
+        )));
+    }
+    Ok(())
+}
+
 /// Successor side: take the session of the daemon listening at `path`, if there is one, into
-/// `state` (a filesystem that serves no session yet).
+/// `state` (a filesystem that serves no session yet). Refused before anything is read when
+/// PATH's directory lets another user put a socket there, or when the listener runs as
+/// another user than this process's effective uid.
 pub fn take_over(path: &Path, state: &dyn DeviceState) -> Result<TakeOver, TakeOverError> {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    directory_is_private(path, euid)?;
     let mut s = match UnixStream::connect(path) {
         Ok(s) => s,
         Err(e)
@@ -109,6 +151,15 @@ pub fn take_over(path: &Path, state: &dyn DeviceState) -> Result<TakeOver, TakeO
         path: path.to_owned(),
         source,
     };
+    // SO_PEERCRED of a connected socket: who called listen() on the other end.
+    let uid = peer_uid(&s).map_err(io_err)?;
+    if uid != euid {
+        return Err(TakeOverError::OtherUser {
+            path: path.to_owned(),
+            uid,
+            euid,
+        });
+    }
     let started = Instant::now();
     s.set_read_timeout(Some(PEER_TIMEOUT)).map_err(io_err)?;
     s.set_write_timeout(Some(PEER_TIMEOUT)).map_err(io_err)?;
@@ -560,5 +611,157 @@ mod tests {
             take_over(&path, &good).unwrap(),
             TakeOver::Taken(_)
         ));
+    }
+
+    /// A planted "predecessor": accepts one successor on `listener`, and if it says hello,
+    /// hands it the state b"forged" and reads its answer. What it received.
+    fn planted(listener: UnixListener) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let Ok((mut s, _)) = listener.accept() else {
+                return Vec::new();
+            };
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut hello = [0u8; 12];
+            if s.read_exact(&mut hello).is_err() {
+                return Vec::new();
+            }
+            let mut msg = GIVE.to_vec();
+            msg.push(STATUS_STATE);
+            msg.extend_from_slice(&6u64.to_le_bytes());
+            msg.extend_from_slice(b"forged");
+            let _ = s.write_all(&msg);
+            let mut answer = [0u8; 1];
+            let _ = s.read_exact(&mut answer);
+            hello.to_vec()
+        })
+    }
+
+    /// Finding 9 of the security review: a socket planted at PATH in a directory another user
+    /// can write (a stale path in /tmp) feeds the successor a state. The successor refuses to
+    /// talk to it: the directory must be writable by this user (and root) only.
+    #[test]
+    fn hostile_a_socket_in_a_directory_others_can_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        for mode in [0o777, 0o1777, 0o775] {
+            let d = dir(&format!("open{mode:o}"));
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            let path = d.join("h");
+            let fake = planted(UnixListener::bind(&path).unwrap());
+            let new = Fake::default();
+            let r = take_over(&path, &new);
+            println!("mode {mode:o}: {r:?}");
+            assert!(
+                !matches!(r, Ok(TakeOver::Taken(_))),
+                "mode {mode:o}: a session was taken from a planted socket"
+            );
+            assert!(new.loaded.lock().unwrap().is_none());
+            // Nothing was said to it (it gives up once the successor hangs up).
+            drop(UnixStream::connect(&path));
+            let said = fake.join().unwrap();
+            assert!(
+                said.is_empty(),
+                "mode {mode:o}: the successor spoke: {said:?}"
+            );
+            assert!(
+                matches!(r, Err(TakeOverError::UnsafeDirectory { .. })),
+                "{r:?}"
+            );
+            let shown = r.unwrap_err().to_string();
+            assert!(
+                shown.contains("writable") && shown.contains("--handover"),
+                "{shown}"
+            );
+        }
+        // A private directory (this user's, 0755) is fine: nobody there is a fresh start.
+        let d = dir("private");
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(matches!(
+            take_over(&d.join("h"), &Fake::default()),
+            Ok(TakeOver::Nobody)
+        ));
+        // A directory of another user (only root can make one here).
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            let d = dir("theirs");
+            std::os::unix::fs::chown(&d, Some(65534), Some(65534)).unwrap();
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let r = take_over(&d.join("h"), &Fake::default());
+            assert!(
+                matches!(&r, Err(TakeOverError::UnsafeDirectory { why, .. }) if why.contains("65534")),
+                "{r:?}"
+            );
+        } else {
+            println!("not root: the other user's directory is not tried");
+        }
+    }
+
+    /// The process listening at PATH must run as this user: a listener of another user
+    /// (here uid 65534, which bound its socket elsewhere; root moved it into a private
+    /// directory) is refused before a byte is sent. Needs root (to run as another user) and
+    /// /usr/bin/python3 (the other user's listener).
+    #[test]
+    fn hostile_a_listener_of_another_user_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        if unsafe { libc::geteuid() } != 0 || !Path::new("/usr/bin/python3").exists() {
+            println!("needs root and /usr/bin/python3: not tried");
+            return;
+        }
+        let theirs = dir("listener-theirs");
+        std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let planted = theirs.join("sock");
+        // Listens, says READY, then hands whoever connects a forged state, and prints how
+        // many bytes it received.
+        let script = format!(
+            "import socket,struct,sys\n\
+             s=socket.socket(socket.AF_UNIX);s.bind({planted:?});s.listen(1)\n\
+             print('READY',flush=True)\n\
+             c,_=s.accept();c.settimeout(5)\n\
+             got=b''\n\
+             try:\n\
+             \x20got=c.recv(12)\n\
+             \x20if got: c.sendall(b'CVFSGIVE\\x00'+struct.pack('<Q',6)+b'forged');c.recv(1)\n\
+             except Exception: pass\n\
+             print('RECEIVED',len(got),flush=True)\n"
+        );
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", &script])
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let mut ready = [0u8; 6];
+        out.read_exact(&mut ready).unwrap();
+        assert_eq!(&ready, b"READY\n");
+        let ours = dir("listener-ours");
+        std::fs::set_permissions(&ours, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = ours.join("h");
+        std::fs::rename(&planted, &path).unwrap();
+        let new = Fake::default();
+        let r = take_over(&path, &new);
+        println!("{r:?}");
+        assert!(
+            !matches!(r, Ok(TakeOver::Taken(_))),
+            "a session was taken from another user's listener"
+        );
+        assert!(new.loaded.lock().unwrap().is_none());
+        let mut rest = String::new();
+        out.read_to_string(&mut rest).unwrap();
+        let _ = child.wait();
+        assert_eq!(rest.trim(), "RECEIVED 0", "the successor spoke to it");
+        assert!(
+            matches!(
+                r,
+                Err(TakeOverError::OtherUser {
+                    uid: 65534,
+                    euid: 0,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
     }
 }
