@@ -361,6 +361,18 @@ pub struct Args {
     #[arg(long, value_name = "MS")]
     pub quarantine_propagation_ms: Option<u64>,
 
+    /// Ceph client id the quarantine watcher reads the state as, without "client." (default:
+    /// --client-id). It needs metadata read access only: mon 'allow r' mds 'allow r
+    /// path=/volumes' (and the --quarantine-path directories), no OSD caps; the watcher then
+    /// mounts /volumes, and the export's own id may be confined to its subtree.
+    #[arg(long, value_name = "ID")]
+    pub quarantine_client_id: Option<String>,
+
+    /// Keyring holding the quarantine watcher's key (default: --keyring, or ceph.conf's);
+    /// needs --quarantine-client-id.
+    #[arg(long, value_name = "FILE")]
+    pub quarantine_keyring: Option<PathBuf>,
+
     // ---- least privilege and id mapping ----
     /// After opening the socket and mounting CephFS, switch to this user (name or uid; needs a
     /// root start). The daemon then needs no host file access.

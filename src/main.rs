@@ -101,14 +101,22 @@ fn start_quarantine(config: &Config) -> std::io::Result<Option<(Arc<Gate>, Watch
         return Ok(None);
     }
     // The watcher's session is the daemon's other long-lived one: a killed daemon leaves it
-    // behind too, with caps on the directories it reads.
+    // behind too, with caps on the directories it reads. With an id of its own
+    // (--quarantine-client-id) it reads as that id; the uuid still names the export's id and
+    // instance, which tell the devices apart.
     let access = CephAccess {
         session_uuid: config
             .ceph
             .session_uuid()
             .map(|u| format!("{u}/quarantine")),
-        ..config.ceph.access.clone()
+        ..quarantine::watcher_access(&config.ceph.access, &config.quarantine)
     };
+    info!(
+        target: "ceph_virtiofsd::quarantine",
+        id = %access.cephx_name(),
+        mount = %quarantine::watch_base(&config.quarantine),
+        "quarantine: the watcher reads the state as this id, on its own mount of this directory"
+    );
     quarantine::start(access, config.quarantine.clone(), &config.ceph.root).map(Some)
 }
 

@@ -991,6 +991,38 @@ fn a_state_naming_an_inode_outside_the_callers_path_caps() {
         .and_then(|b| b.conf_set("keyring", keyring.to_str().unwrap()))
         .and_then(|b| b.mount(&format!("/{name}/inside")))
         .expect("mount the confined subtree");
+    // What the README's "which key reaches what" rests on: the MDS refuses the confined id
+    // inodes of another tree by number, and a deleted file of another tree that another client
+    // still holds open (a stray: the MDS checks the path it had) too.
+    let (held, held_st) = {
+        let (i, st, f) = m
+            .create(
+                &base,
+                &c("held"),
+                0o644,
+                libc::O_RDWR | libc::O_CREAT,
+                CEPH_STATX_BASIC_STATS,
+                0,
+                &perm,
+            )
+            .unwrap();
+        m.unlink(&base, &c("held"), &perm).unwrap();
+        ((i, f), st)
+    };
+    for (what, ino) in [
+        ("a file", outside_st.stx_ino),
+        ("a deleted file", held_st.stx_ino),
+    ] {
+        assert_eq!(
+            mount
+                .lookup_vino(ino, u64::MAX - 1)
+                .map(drop)
+                .map_err(|e| e.errno()),
+            Err(libc::EACCES),
+            "the MDS gave a confined id {what} of another tree by number"
+        );
+    }
+    drop(held);
     let b = CephFs::new(mount, Default::default()).unwrap();
     let state = State {
         idmap_fingerprint: ceph_virtiofsd::migration::fingerprint(

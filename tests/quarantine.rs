@@ -939,3 +939,147 @@ fn hostile_quarantine_domain_table_full_fails_closed() {
     // Elsewhere is untouched.
     walk(&a.fs, &format!("/{tag}")).unwrap();
 }
+
+// ---- the watcher's own identity (issue 28) ---------------------------------------------------
+
+/// Run the lab's `ceph` CLI (as client.admin); its stdout. Panics on failure.
+fn ceph(lab: &Lab, args: &[&str]) -> String {
+    let out = lab.ceph_cli().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ceph {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// A tenant's key as Ceph's own tools hand it out (`ceph fs subvolume authorize`: `mds 'allow
+/// rw path=/volumes/_nogroup/<sv>/<uuid>'`, the subvolume's data only) exports its subvolume
+/// with quarantine on. With one id for both (the default), the watcher cannot mount "/" with
+/// it, and the guest's own subvolume is denied (fail closed): the trap of ecosystem review
+/// 2.2. With `--quarantine-client-id` (a metadata-only key on /volumes, no OSD caps) it is
+/// served, and quarantining the subvolume still denies it. Needs the lab cluster's mgr.
+#[test]
+fn quarantine_watcher_with_its_own_id_serves_a_path_confined_tenant() {
+    let lab = Lab::get();
+    let pid = std::process::id();
+    let name = format!("qwatch{pid}");
+    let tenant = format!("qtenant{pid}");
+    let watch = format!("qwatcher{pid}");
+    ceph(&lab, &["fs", "subvolume", "create", "cephfs", &name]);
+    let path = ceph(&lab, &["fs", "subvolume", "getpath", "cephfs", &name]);
+    let subvolume = format!("/volumes/_nogroup/{name}");
+    assert!(path.starts_with(&format!("{subvolume}/")), "{path}");
+    ceph(
+        &lab,
+        &[
+            "fs",
+            "subvolume",
+            "authorize",
+            "cephfs",
+            &name,
+            &tenant,
+            "--access_level=rw",
+        ],
+    );
+    let work = lab.scratch(&name);
+    let tenant_keyring = work.join("tenant.keyring");
+    let watch_keyring = work.join("watch.keyring");
+    let tk = tenant_keyring.to_str().unwrap();
+    let wk = watch_keyring.to_str().unwrap();
+    ceph(
+        &lab,
+        &["auth", "get", &format!("client.{tenant}"), "-o", tk],
+    );
+    // The README's line: metadata read access on /volumes, no OSD caps.
+    ceph(
+        &lab,
+        &[
+            "auth",
+            "get-or-create",
+            &format!("client.{watch}"),
+            "mon",
+            "allow r",
+            "mds",
+            "allow r path=/volumes",
+            "-o",
+            wk,
+        ],
+    );
+    println!(
+        "tenant caps: {}",
+        ceph(&lab, &["auth", "get", &format!("client.{tenant}")])
+    );
+    let script = r#"#!/bin/sh
+if echo hello > /mnt/f && [ "$(cat /mnt/f)" = hello ] && ls /mnt >/dev/null; then
+  echo "QW served"
+else
+  echo "QW refused"
+fi
+touch /mnt/ready
+i=0; while ls /mnt >/dev/null 2>&1 && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+if ls /mnt >/dev/null 2>&1; then echo "QW still served"; else echo "QW denied"; fi
+if cat /mnt/f >/dev/null 2>&1; then echo "QW read ok"; else echo "QW read denied"; fi
+"#;
+
+    // One id for both: the watcher mounts "/" as the tenant, which may not.
+    let same = lab.scratch(&format!("{name}-same"));
+    let d = common::Daemon::start_as(&lab, &same, &path, &tenant, &["--keyring", tk]);
+    let run = common::run_guest(&lab, &same, &d, script, &[], 120);
+    assert!(!run.console.contains("QW served"), "{}", run.console);
+    let log = d.log_text();
+    assert!(
+        log.contains("the watcher cannot mount CephFS"),
+        "the watcher mounted as the tenant: {log}"
+    );
+    drop(d);
+
+    // The watcher's own id: served; a quarantine of the subvolume still denies it.
+    let own = lab.scratch(&format!("{name}-own"));
+    let d = common::Daemon::start_as(
+        &lab,
+        &own,
+        &path,
+        &tenant,
+        &[
+            "--keyring",
+            tk,
+            "--quarantine-client-id",
+            &watch,
+            "--quarantine-keyring",
+            wk,
+            // The watcher's session carries the device's uuid too (reclaimed at a restart).
+            "--instance-id",
+            &name,
+        ],
+    );
+    let lab2 = Lab::get();
+    let (ready, sv) = (format!("{path}/ready"), subvolume.clone());
+    let host = std::thread::spawn(move || {
+        let m = lab2.ceph();
+        let t = Instant::now();
+        while quarantine::resolve(&m, &ready, &UserPerm::root()).is_err()
+            && t.elapsed() < Duration::from_secs(120)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        run_cmd(&lab2, "enable", &sv);
+    });
+    let run = common::run_guest(&lab, &own, &d, script, &[], 240);
+    host.join().unwrap();
+    run_cmd(&lab, "disable", &subvolume);
+    let con = &run.console;
+    for want in ["QW served", "QW denied", "QW read denied"] {
+        assert!(
+            con.contains(want),
+            "missing {want:?}:\n{con}\n{}",
+            d.log_text()
+        );
+    }
+    let log = d.log_text();
+    assert!(
+        log.contains(&format!("id=client.{watch}")) && log.contains("mount=/volumes"),
+        "{log}"
+    );
+    assert!(!log.contains("the watcher cannot mount CephFS"), "{log}");
+}

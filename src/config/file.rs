@@ -39,6 +39,10 @@ pub struct FileQuarantine {
     #[serde(default)]
     pub recovery_paths: Vec<String>,
     pub propagation_ms: Option<u64>,
+    /// The watcher's own cephx id (`--quarantine-client-id`).
+    pub client_id: Option<String>,
+    /// Its keyring (`--quarantine-keyring`).
+    pub keyring: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -194,6 +194,10 @@ pub enum ConfigError {
     BadQuarantinePath(String),
     #[error("Quarantine propagation bound must be at least 40 ms (the default is 1000)")]
     BadQuarantinePropagation,
+    #[error("A quarantine keyring was given without a quarantine client id: give --quarantine-client-id (or [quarantine] client-id), the id whose key it holds")]
+    QuarantineKeyringWithoutId,
+    #[error("Quarantine client id {0:?} is not a Ceph client id: give it without the \"client.\" prefix, such as cvfs-watch")]
+    BadQuarantineClientId(String),
     #[error("{0} must be at least 1 (the default is {1})")]
     BadLimit(&'static str, usize),
 }
@@ -272,6 +276,25 @@ fn quarantine_config(
     paths.extend(args.quarantine_path.iter().cloned());
     let mut recovery_paths = file.recovery_paths.clone();
     recovery_paths.extend(args.quarantine_recovery_path.iter().cloned());
+    let client_id = args
+        .quarantine_client_id
+        .clone()
+        .or_else(|| file.client_id.clone());
+    let keyring = args
+        .quarantine_keyring
+        .clone()
+        .or_else(|| file.keyring.clone());
+    if let Some(id) = &client_id {
+        if id.is_empty()
+            || id.starts_with("client.")
+            || id.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(ConfigError::BadQuarantineClientId(id.clone()));
+        }
+    }
+    if keyring.is_some() && client_id.is_none() {
+        return Err(ConfigError::QuarantineKeyringWithoutId);
+    }
     Ok(crate::quarantine::QuarantineConfig {
         enabled: match args.quarantine {
             Some(s) => s == Switch::On,
@@ -281,6 +304,8 @@ fn quarantine_config(
         recovery_global: args.quarantine_recovery.or(file.recovery) == Some(RecoveryRole::Global),
         recovery_paths: norm(recovery_paths)?,
         propagation: Duration::from_millis(ms),
+        client_id,
+        keyring,
     })
 }
 
@@ -1246,6 +1271,43 @@ mod tests {
             parse(&["--fd", "3", "--quarantine-propagation-ms", "5"]),
             Err(ConfigError::BadQuarantinePropagation)
         ));
+        // The watcher's own identity: none by default (the export's id reads the state).
+        assert_eq!(c.quarantine.client_id, None);
+        assert_eq!(c.quarantine.keyring, None);
+        let c = parse(&[
+            "--fd",
+            "3",
+            "--quarantine-client-id",
+            "cvfs-watch",
+            "--quarantine-keyring",
+            "/etc/ceph/w.keyring",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.quarantine.client_id.as_deref(), Some("cvfs-watch"));
+        assert_eq!(
+            c.quarantine.keyring.as_deref(),
+            Some(std::path::Path::new("/etc/ceph/w.keyring"))
+        );
+        // The file's, overridden by the command line.
+        let file: FileConfig =
+            toml::from_str("[quarantine]\nclient-id = \"file-watch\"\nkeyring = \"/k\"\n")
+                .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd", "3"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.quarantine.client_id.as_deref(), Some("file-watch"));
+        assert!(matches!(
+            parse(&["--fd", "3", "--quarantine-keyring", "/k"]),
+            Err(ConfigError::QuarantineKeyringWithoutId)
+        ));
+        for bad in ["client.cvfs-watch", "", "a b"] {
+            assert!(
+                matches!(
+                    parse(&["--fd", "3", "--quarantine-client-id", bad]),
+                    Err(ConfigError::BadQuarantineClientId(_))
+                ),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

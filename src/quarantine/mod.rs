@@ -54,7 +54,9 @@
 //! domain near the export is denied, gives [`UNSURE`], which is always denied (fail closed).
 //!
 //! # Propagation
-//! A watcher thread per daemon, on its own libcephfs mount of `/`, re-reads the xattr of every
+//! A watcher thread per daemon, on its own libcephfs mount ([`watch_base`]: `/` as the export's
+//! cephx id, or `/volumes` as an id of its own, `--quarantine-client-id`, which needs metadata
+//! read access there only), re-reads the xattr of every
 //! known domain root every `propagation / 4` and republishes the flags; a getxattr is answered
 //! from libcephfs's cache while it holds the inode's Xs cap, and the MDS revokes that cap when
 //! another client changes an xattr, so an unchanged state costs no MDS request. Subvolume
@@ -130,6 +132,12 @@ pub struct QuarantineConfig {
     pub recovery_paths: Vec<String>,
     /// A quarantine reaches every guest of this daemon within this time.
     pub propagation: Duration,
+    /// The watcher's own cephx id (without "client."); `None`: the export's (see
+    /// [`watcher_access`]).
+    pub client_id: Option<String>,
+    /// The keyring holding the watcher's key; `None`: the export's keyring (a keyring file may
+    /// hold several entities), or ceph.conf's.
+    pub keyring: Option<std::path::PathBuf>,
 }
 
 impl Default for QuarantineConfig {
@@ -140,6 +148,8 @@ impl Default for QuarantineConfig {
             recovery_global: false,
             recovery_paths: Vec::new(),
             propagation: DEFAULT_PROPAGATION,
+            client_id: None,
+            keyring: None,
         }
     }
 }
@@ -282,6 +292,52 @@ fn at_or_below_any(path: &str, ancestors: &std::collections::HashSet<&str>) -> b
 // ---- Ceph access shared by the watcher and the operator command ------------------------------
 
 pub use crate::ceph::CephAccess;
+
+/// How the watcher reaches the cluster: the export's access (its conf, options and session
+/// uuid), as the watcher's own cephx id and keyring when one is configured.
+pub fn watcher_access(export: &CephAccess, cfg: &QuarantineConfig) -> CephAccess {
+    let mut access = export.clone();
+    if let Some(id) = &cfg.client_id {
+        access.client_id = Some(id.clone());
+        if let Some(k) = &cfg.keyring {
+            access.keyring = Some(k.clone());
+        }
+    }
+    access
+}
+
+/// The directory the watcher mounts. With the export's own id, "/" (as it always did). With
+/// an id of its own, the deepest directory holding [`VOLUMES`] and every configured path —
+/// `/volumes` unless `--quarantine-path` or a recovery path lies elsewhere — so that its key
+/// needs caps on that directory only (`mds 'allow r path=/volumes'`).
+pub fn watch_base(cfg: &QuarantineConfig) -> String {
+    if cfg.client_id.is_none() {
+        return "/".into();
+    }
+    let mut base: Vec<&str> = VOLUMES.split('/').filter(|c| !c.is_empty()).collect();
+    for p in cfg.paths.iter().chain(cfg.recovery_paths.iter()) {
+        let parts: Vec<&str> = p.split('/').filter(|c| !c.is_empty()).collect();
+        let common = base
+            .iter()
+            .zip(parts.iter())
+            .take_while(|(a, b)| a == b)
+            .count();
+        base.truncate(common);
+    }
+    format!("/{}", base.join("/"))
+}
+
+/// A canonical `path` as a path from `base` (the directory a mount was made of): `None` if it
+/// does not lie at or below it.
+pub fn relative_to<'a>(path: &'a str, base: &str) -> Option<&'a str> {
+    if base == "/" {
+        return Some(path);
+    }
+    if path == base {
+        return Some("");
+    }
+    path.strip_prefix(base).filter(|rest| rest.starts_with('/'))
+}
 
 /// Walk a canonical path from the root of `mount`.
 pub fn resolve(mount: &Mount, path: &str, perm: &UserPerm) -> Result<Inode, CephError> {
@@ -488,6 +544,49 @@ mod tests {
                 "round {round}: {paths:?} {states:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_watcher_mounts_volumes_with_an_id_of_its_own() {
+        let mut c = cfg();
+        assert_eq!(watch_base(&c), "/", "the export's id: as before");
+        c.client_id = Some("cvfs-watch".into());
+        assert_eq!(watch_base(&c), "/volumes");
+        c.recovery_paths = vec!["/volumes/_nogroup/sv1/u".into()];
+        assert_eq!(watch_base(&c), "/volumes");
+        c.paths = vec!["/volumesx/a".into()];
+        assert_eq!(
+            watch_base(&c),
+            "/",
+            "a name sharing a prefix is no common directory"
+        );
+        c.paths = vec!["/data/p".into()];
+        assert_eq!(watch_base(&c), "/");
+        assert_eq!(relative_to("/volumes/g/s", "/volumes"), Some("/g/s"));
+        assert_eq!(relative_to("/volumes", "/volumes"), Some(""));
+        assert_eq!(relative_to("/volumesx/g", "/volumes"), None);
+        assert_eq!(relative_to("/data", "/volumes"), None);
+        assert_eq!(relative_to("/data", "/"), Some("/data"));
+        let export = CephAccess {
+            client_id: Some("vm1".into()),
+            keyring: Some("/etc/ceph/vm1.keyring".into()),
+            ..CephAccess::default()
+        };
+        let mut c = cfg();
+        assert_eq!(watcher_access(&export, &c), export);
+        c.client_id = Some("cvfs-watch".into());
+        let w = watcher_access(&export, &c);
+        assert_eq!(w.client_id.as_deref(), Some("cvfs-watch"));
+        assert_eq!(
+            w.keyring, export.keyring,
+            "the export's keyring file may hold it too"
+        );
+        c.keyring = Some("/etc/ceph/watch.keyring".into());
+        let w = watcher_access(&export, &c);
+        assert_eq!(
+            w.keyring.as_deref(),
+            Some(std::path::Path::new("/etc/ceph/watch.keyring"))
+        );
     }
 
     #[test]

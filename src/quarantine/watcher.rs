@@ -102,9 +102,25 @@ struct Scanner {
     /// A read of this round answered ESHUTDOWN: the watcher's session was evicted, and a new
     /// one is mounted next round (what could not be read stays denied meanwhile).
     session_lost: bool,
+    /// The directory the watcher mounts ([`watch_base`]); paths are resolved from it.
+    base: String,
+}
+
+/// A path outside the watcher's mount (never: its base holds every path it reads).
+fn outside_base() -> CephError {
+    CephError::new("path outside the quarantine watcher's mount", libc::EACCES)
 }
 
 impl Scanner {
+    /// Resolve a canonical CephFS path on the watcher's mount of [`Scanner::base`].
+    fn resolve(&self, mount: &Mount, path: &str) -> Result<Inode, CephError> {
+        resolve(
+            mount,
+            relative_to(path, &self.base).ok_or_else(outside_base)?,
+            &self.perm,
+        )
+    }
+
     fn log_state(&self, domain: u32, path: &str, old: Option<State>, new: State) {
         if old == Some(new) {
             return;
@@ -140,7 +156,7 @@ impl Scanner {
     /// the domains whose directory is gone, publish.
     fn scan(&mut self) {
         if self.mount.is_none() {
-            match self.access.mount_root() {
+            match self.access.mount(&self.base) {
                 Ok(m) => {
                     self.mount = Some(m);
                     if self.mount_error_logged {
@@ -150,7 +166,16 @@ impl Scanner {
                 }
                 Err(e) => {
                     if !self.mount_error_logged {
-                        tracing::error!(error = %e, "quarantine: the watcher cannot mount CephFS '/', so quarantine state cannot be read; access to quarantine-capable directories is denied (fail closed): give this client read access to / (and /volumes) or run with --quarantine off");
+                        tracing::error!(
+                            error = %e,
+                            base = %self.base,
+                            id = %self.access.cephx_name(),
+                            "quarantine: the watcher cannot mount CephFS, so quarantine state \
+                             cannot be read; access to quarantine-capable directories is denied \
+                             (fail closed): give the id read access to that directory (`ceph auth \
+                             caps <id> mon 'allow r' mds 'allow r path=<base>'`; a watcher id of \
+                             its own: --quarantine-client-id), or run with --quarantine off"
+                        );
                         self.mount_error_logged = true;
                     }
                     self.publish_all(State::Unreadable);
@@ -176,7 +201,7 @@ impl Scanner {
             // No domain left: its state cannot be followed, so it is denied (fail closed).
             // A daemon's own export is registered first, so only directories discovered
             // later, which a tenant's daemon cannot reach, can be left without one.
-            let Ok(Ok(v)) = resolve(&mount, p, &self.perm).map(|i| i.vino()) else {
+            let Ok(Ok(v)) = self.resolve(&mount, p).map(|i| i.vino()) else {
                 continue;
             };
             let old = self.overflow.get(p).copied();
@@ -204,7 +229,7 @@ impl Scanner {
                 .cloned()
                 .collect();
             for p in gone {
-                if matches!(resolve(&mount, &p, &self.perm), Err(e) if e.errno() == libc::ENOENT) {
+                if matches!(self.resolve(&mount, &p), Err(e) if e.errno() == libc::ENOENT) {
                     if let Some(ino) = self.overflow.remove(&p) {
                         self.gate.unregister_root(ino, UNSURE);
                     }
@@ -295,7 +320,10 @@ impl Scanner {
     /// domain again ([`Gate::register_root`]). A discovered domain missing in
     /// [`RETIRE_AFTER`] rounds in a row is retired (see `retire_gone`).
     fn read_domain(&mut self, mount: &Mount, d: u32, path: &str, parents: &mut Parents) -> State {
-        let inode = match resolve_in_round(mount, path, &self.perm, parents) {
+        let inode = match relative_to(path, &self.base)
+            .ok_or_else(outside_base)
+            .and_then(|rel| resolve_in_round(mount, rel, &self.perm, parents))
+        {
             Ok(i) => i,
             // Nothing there: nothing to protect (until it appears: next round).
             Err(e) if e.errno() == libc::ENOENT => {
@@ -354,7 +382,7 @@ impl Scanner {
     /// listed.
     fn discover(&mut self, mount: &Mount) -> Option<Vec<String>> {
         let r = (|| -> Result<(Vec<String>, Vec<u64>), CephError> {
-            let vol = match resolve(mount, VOLUMES, &self.perm) {
+            let vol = match self.resolve(mount, VOLUMES) {
                 Ok(v) => v,
                 Err(e) if e.errno() == libc::ENOENT => return Ok((Vec::new(), Vec::new())),
                 Err(e) => return Err(e),
@@ -497,6 +525,7 @@ pub fn start(
         }
     }
     let interval = cfg.poll_interval();
+    let base = watch_base(&cfg);
     let mut s = Scanner {
         access,
         cfg,
@@ -512,6 +541,7 @@ pub fn start(
         missing: HashMap::new(),
         unhook: Vec::new(),
         session_lost: false,
+        base,
     };
     first_scan(&mut s);
     tracing::info!(

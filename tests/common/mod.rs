@@ -168,6 +168,17 @@ pub struct Daemon {
 
 impl Daemon {
     pub fn start(lab: &Lab, work: &Path, ceph_root: &str, extra: &[&str]) -> Daemon {
+        Daemon::start_as(lab, work, ceph_root, &lab.client_id, extra)
+    }
+
+    /// [`Daemon::start`] as cephx client `client_id` (give its keyring in `extra`).
+    pub fn start_as(
+        lab: &Lab,
+        work: &Path,
+        ceph_root: &str,
+        client_id: &str,
+        extra: &[&str],
+    ) -> Daemon {
         let socket = work.join("vhost-fs.sock");
         let log = work.join("daemon.log");
         let logf = std::fs::File::create(&log).unwrap();
@@ -177,7 +188,7 @@ impl Daemon {
             .arg("--ceph-conf")
             .arg(&lab.conf)
             .arg("--client-id")
-            .arg(&lab.client_id)
+            .arg(client_id)
             .arg("--ceph-root")
             .arg(ceph_root)
             .args(if extra.contains(&"--log-level") {
