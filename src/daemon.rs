@@ -194,10 +194,11 @@ pub fn serve_session<F: Served>(
     let conn_backend = backend.clone();
     let keep_serving = config.keep_serving;
     let handover_events = events.clone();
+    let conn_state = handover_state.clone();
     let conn = std::thread::Builder::new()
         .name("vhost-user".to_owned())
         .spawn(move || {
-            let result = connection_loop(listener, &conn_backend, keep_serving);
+            let result = connection_loop(listener, &conn_backend, keep_serving, &*conn_state);
             let _ = events.send(Event::Finished(result));
         })
         .map_err(|e| DaemonError::Thread("vhost-user connection", e))?;
@@ -366,6 +367,7 @@ fn connection_loop<F>(
     mut listener: Listener,
     backend: &VhostUserFsBackend<F>,
     keep_serving: bool,
+    state: &dyn DeviceState,
 ) -> Result<(), DaemonError>
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
@@ -405,6 +407,11 @@ where
             );
         }
         info!("The disconnected frontend's FUSE session ended: its nodes and handles are dropped");
+        // A device state is loaded only before the guest's first FUSE INIT (or a loaded state)
+        // of a connection (issue 28): the session that latched it has just ended, so the next
+        // frontend may load one. The first connection keeps what the start left (a session
+        // taken over with --handover is being served: no LOAD).
+        state.connection_started();
         info!("--keep-serving: waiting for the frontend to reconnect");
     }
 }
@@ -769,6 +776,25 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Counts `connection_started` calls (the LOAD latch's re-arming).
+    #[derive(Default)]
+    struct Connections(std::sync::atomic::AtomicUsize);
+
+    impl DeviceState for Connections {
+        fn save_state(&self) -> Result<Vec<u8>, crate::migration::MigrationError> {
+            Err(crate::migration::MigrationError::Busy)
+        }
+        fn load_state(
+            &self,
+            _: &[u8],
+        ) -> Result<crate::migration::LoadReport, crate::migration::MigrationError> {
+            Err(crate::migration::MigrationError::Busy)
+        }
+        fn connection_started(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     /// With --keep-serving, a frontend that hangs up ends its FUSE session (nodes and handles
     /// dropped) before the next frontend is accepted.
     #[test]
@@ -789,7 +815,9 @@ mod tests {
         let backend =
             VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
         // Serves frontends until the test process ends.
-        std::thread::spawn(move || connection_loop(listener, &backend, true));
+        let state = Arc::new(Connections::default());
+        let seen = state.clone();
+        std::thread::spawn(move || connection_loop(listener, &backend, true, &*state));
         // A frontend that has had an answer, and stays connected.
         let connect = || {
             use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -802,10 +830,14 @@ mod tests {
         };
         let first = connect();
         assert_eq!(fs.destroyed.load(Ordering::SeqCst), 0);
+        // The first connection keeps the start's LOAD latch (nothing ended before it).
+        assert_eq!(seen.0.load(Ordering::SeqCst), 0);
         drop(first);
-        // Accepted only after the first frontend's session ended.
+        // Accepted only after the first frontend's session ended, and a device state may be
+        // loaded again on it.
         let _second = connect();
         assert_eq!(fs.destroyed.load(Ordering::SeqCst), 1);
+        assert_eq!(seen.0.load(Ordering::SeqCst), 1);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
