@@ -1492,3 +1492,58 @@ fn hostile_a_load_after_fuse_init_is_refused() {
     assert!(r.is_err(), "a LOAD after FUSE INIT was accepted");
     fs.shutdown().unwrap();
 }
+
+/// Found by the device-state fuzzer: a node naming a real directory with snapshot id 0 made
+/// libcephfs 16 abort the destination (`Client::_lookup_vino`:
+/// `ceph_assert(p != inode_map.end())`: the MDS answered the lookup by number with another
+/// version of the inode). A snapshot node is now found only through its links; this one is
+/// lost, and the daemon goes on.
+#[test]
+fn hostile_a_forged_snapshot_id_does_not_abort_the_destination() {
+    use ceph_virtiofsd::migration::NodeState;
+    let lab = Lab::get();
+    let name = format!("migrate-snapid-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let dir = common::ceph_dir(&m, &export);
+    let (_, d) = m
+        .mkdir(&dir, &c("d"), 0o755, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap();
+    let root_ino = m
+        .getattr(&dir, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .unwrap()
+        .stx_ino;
+    let fs = admin_destination(&lab, &export, Default::default());
+    let forged_snap = |snapid: u64, parent: u64| NodeState {
+        id: ALLOCATED | (2 + 2 * snapid + parent),
+        ino: d.stx_ino,
+        snapid,
+        kind: libc::S_IFDIR,
+        lookups: 1,
+        parent,
+        name: if parent == 0 {
+            Vec::new()
+        } else {
+            b"d".to_vec()
+        },
+    };
+    // Snapshot id 0 (the MDS reads it as "none" and answers with the head inode), and one
+    // that does not exist, each with and without a link.
+    let state = forged(
+        root_ino,
+        vec![
+            forged_snap(0, 0),
+            forged_snap(0, 1),
+            forged_snap(5, 0),
+            forged_snap(6, 1),
+        ],
+        Vec::new(),
+    );
+    let report = fs.load_state(&state.encode()).unwrap();
+    println!("FORGED SNAPID: {report}");
+    assert_eq!(report.lost_nodes, 4, "{report}");
+    // Still serving.
+    assert_eq!(fs.lookup(&ctx(0, 0), 1, &c("d")).unwrap().inode, d.stx_ino);
+    fs.shutdown().unwrap();
+}

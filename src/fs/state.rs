@@ -431,21 +431,8 @@ impl CephFs {
         });
         let mut restored: HashMap<u64, Arc<Node>> = HashMap::with_capacity(state.nodes.len());
         let parents = parents_of(&state.nodes);
-        let (found, proven, link_ok) = match source {
-            Source::Frontend => self.resolve_below_export(&state.nodes, &parents, &perm),
-            Source::Trusted => {
-                let found = self
-                    .on_resolvers(state.nodes.len(), |i| match state.nodes.get(i) {
-                        Some(n) => self.resolve(n, &perm),
-                        None => Err(errno(libc::EIO)),
-                    })
-                    .into_iter()
-                    .map(|r| r.unwrap_or_else(|| Err(errno(libc::EIO))))
-                    .collect();
-                let all = vec![true; state.nodes.len()];
-                (found, all.clone(), all)
-            }
-        };
+        let (found, proven, link_ok) =
+            self.resolve_below_export(&state.nodes, &parents, &perm, source);
         for (i, (n, found)) in state.nodes.iter().zip(found).enumerate() {
             let vino = Vino {
                 ino: n.ino,
@@ -550,8 +537,9 @@ impl CephFs {
         (report, first_lost)
     }
 
-    /// Find every node of a state from the frontend and prove it lies below the export: the
-    /// inodes (in the order of `nodes`), which are proven, and whose link was confirmed.
+    /// Find every node of a state and, from the frontend, prove it lies below the export: the
+    /// inodes (in the order of `nodes`), which are proven (from a trusted source: every one
+    /// found), and whose link was confirmed.
     ///
     /// A node is proven by a chain of links from the export root, each confirmed by a lookup of
     /// its name in its parent (a name a request could look up: not "." or "..", nor the
@@ -563,12 +551,16 @@ impl CephFs {
     /// lookups on [`RESOLVERS`] threads: the lookup that confirms a link also finds the inode,
     /// so a node on a chain that holds costs one MDS request, as one found by number did. What
     /// no chain reaches is then found by number (to walk a directory up, or to report it
-    /// lost), and its link tried once its parent is found.
+    /// lost), and its link tried once its parent is found. A snapshot node is found only
+    /// through its links: libcephfs 16 aborts the process (`Client::_lookup_vino`:
+    /// `ceph_assert(p != inode_map.end())`) when the MDS answers a lookup by number of a
+    /// snapshot id with another version of the inode, which a forged snapid makes it do.
     fn resolve_below_export(
         &self,
         nodes: &[NodeState],
         parents: &[Parent],
         perm: &ceph_client::UserPerm,
+        source: Source,
     ) -> (Vec<io::Result<Inode>>, Vec<bool>, Vec<bool>) {
         let len = nodes.len();
         let root = self.nodes.get(ROOT_ID).and_then(|r| self.inode(&r).ok());
@@ -654,6 +646,10 @@ impl CephFs {
             if let (Some(()), Some(l)) = (c.flatten(), link_ok.get_mut(i)) {
                 *l = true;
             }
+        }
+        if source == Source::Trusted {
+            let proven = found.iter().map(|f| f.is_ok()).collect();
+            return (found, proven, link_ok);
         }
         let none = vec![false; len];
         let linked = propagate(parents, &link_ok, &none);
@@ -742,8 +738,12 @@ impl CephFs {
         })
     }
 
-    /// The inode of a saved node, if it is still the same type of file.
+    /// The inode of a saved head node, found by number, if it is still the same type of file.
+    /// Never a snapshot's (see [`CephFs::resolve_below_export`]): ESTALE.
     fn resolve(&self, n: &NodeState, perm: &ceph_client::UserPerm) -> io::Result<Inode> {
+        if n.snapid != NOSNAP {
+            return Err(errno(libc::ESTALE));
+        }
         let inode = self.mount().lookup_vino(n.ino, n.snapid)?;
         let st = self.mount().getattr(&inode, CEPH_STATX_MODE, 0, perm)?;
         if kind_of(&st) != n.kind {
