@@ -125,3 +125,172 @@ fn hostile_fuzz_oracle_tells_inodes_outside_the_export() {
         );
     }
 }
+
+/// Files of other owners and modes, and snapshots, in the hostile tree of `export` (TOP/data):
+/// what forged handles and snapshot nodes name in the device-state fuzzer.
+fn states_tree(lab: &Lab, export: &str) {
+    use ceph_client::{
+        Statx, UserPerm, CEPH_SETATTR_GID, CEPH_SETATTR_UID, CEPH_STATX_BASIC_STATS,
+    };
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let top = export
+        .strip_suffix("/data")
+        .expect("the export is TOP/data");
+    let dir = |p: &str| common::ceph_dir(&m, p);
+    let data = dir(export);
+    for (name, mode, owner) in [
+        ("rootonly", 0o600, 0),
+        ("owned", 0o444, 1000),
+        ("shared", 0o640, 1001),
+    ] {
+        let (i, _, f) = m
+            .create(
+                &data,
+                &std::ffi::CString::new(name).unwrap(),
+                mode,
+                libc::O_RDWR | libc::O_CREAT,
+                CEPH_STATX_BASIC_STATS,
+                0,
+                &perm,
+            )
+            .unwrap();
+        f.write(0, b"contents\n").unwrap();
+        let st = Statx {
+            stx_uid: owner,
+            stx_gid: owner,
+            ..Default::default()
+        };
+        m.setattr(&i, &st, CEPH_SETATTR_UID | CEPH_SETATTR_GID, &perm)
+            .unwrap();
+    }
+    // Snapshots inside the export and in the tree next to it (if the file system allows them).
+    for (path, snap) in [
+        (format!("{export}/d"), "s1"),
+        (format!("{top}/other"), "s2"),
+    ] {
+        let d = dir(&path);
+        let made = m
+            .lookup(&d, c".snap", CEPH_STATX_BASIC_STATS, 0, &perm)
+            .and_then(|(s, _)| {
+                m.mkdir(
+                    &s,
+                    &std::ffi::CString::new(snap).unwrap(),
+                    0o755,
+                    CEPH_STATX_BASIC_STATS,
+                    0,
+                    &perm,
+                )
+            });
+        if let Err(e) = made {
+            println!("no snapshot {path}/.snap/{snap}: {e}");
+        }
+    }
+}
+
+/// The device-state fuzzer (`ceph-virtiofsd-bench hostile states`): a hostile frontend sends
+/// generated device states (LOAD, valid framing, hostile contents: other trees' and "/"'s
+/// inode numbers, snapshots, links, handles with any flags and openers, counts over the
+/// limits, truncations) and everything the daemon serves from them is judged: nothing outside
+/// the export reachable, no handle used with rights its opener lacks, every state it must
+/// refuse refused, every request answered, the daemon alive and taking the next frontend.
+/// HOSTILE_STATES sets the count (default 1,000), HOSTILE_STATES_SEED the seed (default: a
+/// new one each run, printed), HOSTILE_STATES_ARGS more options for the fuzzer.
+#[test]
+fn hostile_device_states_keep_the_daemon_inside_its_export() {
+    let lab = Lab::get();
+    let states: u64 = std::env::var("HOSTILE_STATES")
+        .map(|v| v.parse().expect("HOSTILE_STATES must be a number"))
+        .unwrap_or(1_000);
+    let seed = seed_from_env("HOSTILE_STATES_SEED");
+    println!("hostile states: seed {seed} (HOSTILE_STATES_SEED={seed} replays this run), {states} states");
+    let (daemon, export, _metrics) = hostile_daemon(
+        &lab,
+        "hostile-states",
+        &[
+            "--keep-serving",
+            "--max-nodes",
+            "256",
+            "--max-handles",
+            "64",
+            "--log-level",
+            "error",
+        ],
+    );
+    states_tree(&lab, &export);
+    let out = Command::new(common::bench_binary())
+        .args(["hostile", "states", "--socket"])
+        .arg(&daemon.socket)
+        .arg("--ceph-conf")
+        .arg(&lab.conf)
+        .args(["--client-id", &lab.client_id, "--export", &export])
+        .args(["--states", &states.to_string(), "--seed", &seed.to_string()])
+        .args(["--max-nodes", "256", "--max-handles", "64"])
+        .args(["--pid", &daemon.pid().to_string()])
+        .args(
+            std::env::var("HOSTILE_STATES_ARGS")
+                .unwrap_or_default()
+                .split_whitespace(),
+        )
+        .output()
+        .expect("run ceph-virtiofsd-bench hostile states");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let log = daemon.log_text();
+    assert!(!log.contains("panicked"), "the daemon panicked:\n{log}");
+    // Bounded: every session's tables end with it (the daemon's RSS after the run).
+    let rss_kib: u64 = std::fs::read_to_string(format!("/proc/{}/status", daemon.pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .expect("the daemon's VmRSS (is it still running?)");
+    println!(
+        "hostile states: daemon VmRSS {} MiB after the run",
+        rss_kib / 1024
+    );
+    assert!(
+        rss_kib < 1024 * 1024,
+        "the daemon's RSS grew to {rss_kib} KiB"
+    );
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("hostile states: seed="))
+        .unwrap_or_else(|| panic!("no summary line from the fuzzer (exit {:?})", out.status));
+    let field = |k: &str| -> String {
+        summary
+            .split_whitespace()
+            .find_map(|f| f.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in {summary}"))
+            .to_owned()
+    };
+    let n = |k: &str| -> u64 {
+        field(k)
+            .parse()
+            .unwrap_or_else(|_| panic!("{k} in {summary}"))
+    };
+    assert_eq!(n("states"), states, "{summary}");
+    for k in ["escapes", "privilege", "wrongly_taken", "lost", "malformed"] {
+        assert_eq!(n(k), 0, "{k}: {summary}");
+    }
+    assert_eq!(field("dead"), "false", "{summary}");
+    // The fuzzer reached what it attacks: states taken, nodes and handles served, replies
+    // judged (a fuzzer whose every state was refused would prove nothing).
+    for k in [
+        "taken",
+        "refused",
+        "served_nodes",
+        "handles_used",
+        "judged",
+        "listed",
+    ] {
+        assert!(n(k) > 0, "{k} = 0: {summary}");
+    }
+    assert!(
+        out.status.success(),
+        "the fuzzer found something (seed {seed}; each FINDING above has a replay):\n{summary}"
+    );
+}

@@ -143,6 +143,12 @@ fn memfd(size: u64) -> Result<File, DeviceError> {
 impl Device {
     /// Connect to `socket` as a frontend with 1 request queue and set both queues up.
     pub fn connect(socket: &Path) -> Result<Device, DeviceError> {
+        Device::connect_with(socket, false)
+    }
+
+    /// [`Device::connect`], negotiating the device-state protocol too when `device_state` (the
+    /// daemon must offer it: `hostile states` sends device states).
+    pub fn connect_with(socket: &Path, device_state: bool) -> Result<Device, DeviceError> {
         let v = |what: &'static str| move |e| DeviceError::Vhost(what, e);
         let mut fe = Frontend::connect(socket, 2)
             .map_err(|e| DeviceError::Connect(socket.display().to_string(), e))?;
@@ -154,8 +160,11 @@ impl Device {
         let offered = fe
             .get_protocol_features()
             .map_err(v("GET_PROTOCOL_FEATURES"))?;
-        let proto =
-            offered & (VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK);
+        let mut want_proto = VhostUserProtocolFeatures::MQ | VhostUserProtocolFeatures::REPLY_ACK;
+        if device_state {
+            want_proto |= VhostUserProtocolFeatures::DEVICE_STATE;
+        }
+        let proto = offered & want_proto;
         fe.set_protocol_features(proto)
             .map_err(v("SET_PROTOCOL_FEATURES"))?;
         if proto.contains(VhostUserProtocolFeatures::REPLY_ACK) {
@@ -233,6 +242,38 @@ impl Device {
             mem_size: size,
             queues,
         })
+    }
+
+    /// SET_DEVICE_STATE_FD(LOAD, STOPPED): the write end of the pipe the daemon now reads the
+    /// state from, until EOF (drop it when written). See [`Device::check_state`].
+    pub fn start_load(&self) -> Result<File, DeviceError> {
+        use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
+        let mut fds = [0; 2];
+        // SAFETY: `fds` is an array of two ints for pipe2 to fill; the flags are valid.
+        let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+        if rc != 0 {
+            return Err(DeviceError::Memory(std::io::Error::last_os_error()));
+        }
+        // SAFETY: pipe2 succeeded: both descriptors are open and owned by nobody else.
+        let (rd, wr) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        let back = self
+            ._frontend
+            .set_device_state_fd(
+                VhostTransferStateDirection::LOAD,
+                VhostTransferStatePhase::STOPPED,
+                rd,
+            )
+            .map_err(|e| DeviceError::Vhost("SET_DEVICE_STATE_FD", e))?;
+        // A back-end that offers its own descriptor instead is not what the daemon does.
+        drop(back);
+        Ok(File::from(wr))
+    }
+
+    /// CHECK_DEVICE_STATE: whether the daemon took the state it read.
+    pub fn check_state(&self) -> Result<(), DeviceError> {
+        self._frontend
+            .check_device_state()
+            .map_err(|e| DeviceError::Vhost("CHECK_DEVICE_STATE", e))
     }
 
     pub fn slots(&self, queue: usize) -> usize {

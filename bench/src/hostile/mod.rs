@@ -6,6 +6,8 @@
 //!   (tests/hostile_wire.rs drives it).
 //! - `hostile fuzz`: generated requests and chains, many in flight, every answer judged (see
 //!   `fuzz.rs`; tests/hostile_fuzz.rs runs it short, the README gives the long run).
+//! - `hostile states`: generated device states sent as a hostile frontend (LOAD), and what the
+//!   daemon serves from each judged (see `states.rs`; tests/hostile_fuzz.rs runs it short).
 
 mod device;
 mod fuzz;
@@ -14,6 +16,7 @@ mod judging;
 mod oracle;
 mod serve;
 mod session;
+mod states;
 mod wire;
 
 use std::path::PathBuf;
@@ -38,6 +41,36 @@ enum Cmd {
     Serve(ServeArgs),
     /// Send generated requests and judge every answer; exit 1 on any finding.
     Fuzz(FuzzArgs),
+    /// Send generated device states (LOAD) as a hostile frontend and judge what the daemon
+    /// serves from them; exit 1 on any finding. The daemon needs --keep-serving.
+    States(StatesArgs),
+}
+
+#[derive(Debug, Args)]
+struct StatesArgs {
+    #[command(flatten)]
+    c: Common,
+    /// Device states to send.
+    #[arg(long, default_value_t = 10_000)]
+    states: u64,
+    /// Number of the first state (a replay of state N: --first N --states 1).
+    #[arg(long, default_value_t = 0)]
+    first: u64,
+    /// Seed of the generator (same seed, same states).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// The daemon's --max-nodes (states just over it must be refused).
+    #[arg(long, default_value_t = 500_000)]
+    max_nodes: usize,
+    /// The daemon's --max-handles.
+    #[arg(long, default_value_t = 100_000)]
+    max_handles: usize,
+    /// The daemon's pid: checked to be running after every state.
+    #[arg(long)]
+    pid: Option<u32>,
+    /// Findings of one kind printed in full (the others are counted).
+    #[arg(long, default_value_t = 5)]
+    print_per_kind: u64,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +186,28 @@ pub fn main(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
             let s = connect(&a.c, !a.no_init)?;
             serve::run(s, o).map_err(|e| format!("stdin/stdout: {e}"))?;
             Ok(true)
+        })(),
+        Cmd::States(a) => (|| {
+            let (Some(conf), Some(export)) = (a.c.ceph_conf.clone(), a.c.export.clone()) else {
+                return Err("states needs the oracle: give --ceph-conf and --export".into());
+            };
+            let opts = states::StatesOpts {
+                socket: a.c.socket.clone(),
+                ceph_conf: conf,
+                client_id: a.c.client_id.clone(),
+                export,
+                states: a.states,
+                first: a.first,
+                seed: a.seed,
+                max_nodes: a.max_nodes,
+                max_handles: a.max_handles,
+                pid: a.pid,
+                timeout: Duration::from_millis(a.c.timeout_ms),
+                print_per_kind: a.print_per_kind,
+            };
+            let sum = states::run(&opts)?;
+            states::print_summary(&sum, a.seed);
+            Ok(!sum.failed())
         })(),
         Cmd::Fuzz(a) => (|| {
             let o = oracle(&a.c)?.ok_or("fuzz needs the oracle: give --ceph-conf and --export")?;
