@@ -143,15 +143,29 @@ fn memfd(size: u64) -> Result<File, DeviceError> {
 impl Device {
     /// Connect to `socket` as a frontend with 1 request queue and set both queues up.
     pub fn connect(socket: &Path) -> Result<Device, DeviceError> {
-        Device::connect_with(socket, false)
+        Device::connect_with(socket, false, None)
     }
 
     /// [`Device::connect`], negotiating the device-state protocol too when `device_state` (the
-    /// daemon must offer it: `hostile states` sends device states).
-    pub fn connect_with(socket: &Path, device_state: bool) -> Result<Device, DeviceError> {
+    /// daemon must offer it: `hostile states` sends device states), and failing a vhost-user
+    /// message the daemon does not answer within `reply_timeout` (a daemon that hangs is a
+    /// finding, not a fuzzer that waits for ever).
+    pub fn connect_with(
+        socket: &Path,
+        device_state: bool,
+        reply_timeout: Option<Duration>,
+    ) -> Result<Device, DeviceError> {
         let v = |what: &'static str| move |e| DeviceError::Vhost(what, e);
-        let mut fe = Frontend::connect(socket, 2)
-            .map_err(|e| DeviceError::Connect(socket.display().to_string(), e))?;
+        let stream = std::os::unix::net::UnixStream::connect(socket).map_err(|e| {
+            DeviceError::Connect(
+                socket.display().to_string(),
+                vhost::Error::VhostUserProtocol(vhost::vhost_user::Error::SocketConnect(e)),
+            )
+        })?;
+        stream
+            .set_read_timeout(reply_timeout)
+            .map_err(DeviceError::Memory)?;
+        let mut fe = Frontend::from_stream(stream, 2);
         fe.set_owner().map_err(v("SET_OWNER"))?;
         let feats = fe.get_features().map_err(v("GET_FEATURES"))?;
         let pf = VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits();

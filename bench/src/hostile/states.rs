@@ -58,6 +58,9 @@ const SURVEY_CAP: usize = 4000;
 /// Node ids and handles probed per state at most.
 const PROBE_NODES: usize = 24;
 const PROBE_HANDLES: usize = 12;
+/// A vhost-user message the daemon does not answer within this is a dead daemon (a LOAD of
+/// the largest state the fuzzer sends is resolved in well under a second).
+const VHOST_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
 pub struct StatesOpts {
@@ -1129,7 +1132,8 @@ pub fn run(opts: &StatesOpts) -> Result<Summary, String> {
     };
     let connect = |sum: &mut Summary| -> Result<Session, String> {
         sum.reconnects += 1;
-        let dev = Device::connect_with(&opts.socket, true).map_err(|e| super::error_chain(&e))?;
+        let dev = Device::connect_with(&opts.socket, true, Some(VHOST_REPLY_TIMEOUT))
+            .map_err(|e| super::error_chain(&e))?;
         Ok(Session::new(dev, opts.timeout))
     };
     let mut sum = Summary::default();
