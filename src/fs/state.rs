@@ -20,17 +20,19 @@
 //!   before it is decoded, and refused once the connection served a FUSE session
 //!   ([`Migration::note_init`], [`crate::migration::DeviceState::connection_started`]);
 //! - every node is proven to lie below the export before it enters the table
-//!   ([`CephFs::prove_below_export`]): a chain of links from the export root, each confirmed by
-//!   a lookup of its name, or for a head directory the walk up its ".." to the export root that
-//!   LOOKUP of ".." does. A node that cannot be proven is left out (ESTALE in the guest), as one
-//!   that cannot be found;
+//!   ([`CephFs::resolve_below_export`]): a chain of links from the export root, each confirmed
+//!   by a lookup of its name, or for a head directory the walk up its ".." to the export root
+//!   that LOOKUP of ".." does. A node that cannot be proven is left out (ESTALE in the guest),
+//!   as one that cannot be found; a snapshot node is found only down its links, never by
+//!   number;
 //! - every handle is opened again as the guest caller that opened it, through the id mapping
 //!   (the state records it), never as CephFS root on the state's word.
 //!
 //! A handover predecessor ([`crate::handover`]) is a process of the daemon's own user, which
-//! could read its key anyway: its state is bounded and its handles are opened as their openers
-//! too, but its nodes are not proven (a file the guest holds open after another client deleted
-//! it has no name left to prove it by, and the predecessor still holds it).
+//! could read its key anyway: its state is bounded, found the same way and its handles are
+//! opened as their openers too, but a head node found by number is kept without a proof (a file
+//! the guest holds open after another client deleted it has no name left to prove it by, and
+//! the predecessor still holds it). This daemon's own session after an eviction likewise.
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
