@@ -341,3 +341,54 @@ fn hostile_device_states_keep_the_daemon_inside_its_export() {
         assert!(t(k) > 0, "{k} = 0");
     }
 }
+
+/// The same frontend after the guest mounted: every connection sends FUSE_INIT first, and then
+/// every state must be refused (security review finding 1: a frontend swapping a live guest's
+/// session, which the daemon accepted once the guest had forgotten everything). The states of
+/// the fuzzer above, 300 of them (HOSTILE_STATES_AFTER_INIT).
+#[test]
+fn hostile_device_states_after_fuse_init_are_refused() {
+    let lab = Lab::get();
+    let states: u64 = std::env::var("HOSTILE_STATES_AFTER_INIT")
+        .map(|v| {
+            v.parse()
+                .expect("HOSTILE_STATES_AFTER_INIT must be a number")
+        })
+        .unwrap_or(300);
+    let seed = seed_from_env("HOSTILE_STATES_SEED");
+    println!("hostile states after INIT: seed {seed}, {states} states");
+    let export = common::hostile::hostile_tree(&lab, "hostile-states-init");
+    states_tree(&lab, &export);
+    let work = lab.scratch("hostile-states-init");
+    let daemon = common::Daemon::start(&lab, &work, &export, &STATES_DAEMON);
+    let out = Command::new(common::bench_binary())
+        .args(["hostile", "states", "--init-first", "--socket"])
+        .arg(&daemon.socket)
+        .arg("--ceph-conf")
+        .arg(&lab.conf)
+        .args(["--client-id", &lab.client_id, "--export", &export])
+        .args(["--states", &states.to_string(), "--seed", &seed.to_string()])
+        .args(["--max-nodes", "256", "--max-handles", "64"])
+        .args(["--pid", &daemon.pid().to_string()])
+        .output()
+        .expect("run ceph-virtiofsd-bench hostile states");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    let summary = stdout
+        .lines()
+        .find(|l| l.starts_with("hostile states: seed="))
+        .unwrap_or_else(|| panic!("no summary line from the fuzzer (exit {:?})", out.status));
+    let f = summary_fields(summary);
+    let n = |k: &str| -> u64 { f.get(k).and_then(|v| v.parse().ok()).unwrap_or(u64::MAX) };
+    assert_eq!(n("states"), states, "{summary}");
+    assert_eq!(n("taken"), 0, "states taken after FUSE_INIT: {summary}");
+    assert_eq!(n("refused"), states, "{summary}");
+    assert_eq!(
+        f.get("dead").map(String::as_str),
+        Some("false"),
+        "{summary}"
+    );
+    assert!(out.status.success(), "{summary}");
+    assert!(!daemon.log_text().contains("panicked"));
+}

@@ -71,6 +71,9 @@ struct StatesArgs {
     /// Findings of one kind printed in full (the others are counted).
     #[arg(long, default_value_t = 5)]
     print_per_kind: u64,
+    /// Send FUSE_INIT on each connection first: every state must then be refused.
+    #[arg(long)]
+    init_first: bool,
 }
 
 #[derive(Debug, Args)]
@@ -204,6 +207,7 @@ pub fn main(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
                 pid: a.pid,
                 timeout: Duration::from_millis(a.c.timeout_ms),
                 print_per_kind: a.print_per_kind,
+                init_first: a.init_first,
             };
             let sum = states::run(&opts)?;
             states::print_summary(&sum, a.seed);

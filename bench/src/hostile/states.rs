@@ -28,7 +28,9 @@
 //!   session's INIT and GETATTR at the end.
 //!
 //! A state the daemon takes latches the connection (no second LOAD until the session ends),
-//! so the fuzzer connects anew after each; refused states share a connection. Each state is
+//! so the fuzzer connects anew after each; refused states share a connection. With
+//! `--init-first` every connection sends FUSE_INIT first, as a guest that mounted, and every
+//! state must be refused. Each state is
 //! generated from the seed and its number alone: `--first N --states 1` replays state N.
 
 use std::collections::{HashMap, HashSet};
@@ -77,6 +79,9 @@ pub struct StatesOpts {
     pub pid: Option<u32>,
     pub timeout: Duration,
     pub print_per_kind: u64,
+    /// Send FUSE_INIT on every new connection before its first state: every state must then
+    /// be refused (a LOAD after the guest's session started).
+    pub init_first: bool,
 }
 
 /// One inode of the surveyed trees.
@@ -1161,6 +1166,14 @@ pub fn run(opts: &StatesOpts) -> Result<Summary, String> {
         let s = match session.take() {
             Some(s) => s,
             None => match connect(&mut sum) {
+                Ok(mut s) if opts.init_first => match s.init() {
+                    Ok(0) => s,
+                    other => {
+                        sum.dead = true;
+                        println!("FINDING dead: state {k}: FUSE_INIT answered {other:?}");
+                        break;
+                    }
+                },
                 Ok(s) => s,
                 Err(e) => {
                     sum.dead = true;
@@ -1185,7 +1198,16 @@ pub fn run(opts: &StatesOpts) -> Result<Summary, String> {
             counts.1 += 1;
             sum.refused += 1;
         }
-        if taken && g.expect == Expect::Refused {
+        if taken && opts.init_first {
+            sum.wrongly_taken += 1;
+            found.push((
+                "refusal",
+                format!(
+                    "a {} state was taken after the connection's FUSE_INIT (the guest's session)",
+                    g.shape
+                ),
+            ));
+        } else if taken && g.expect == Expect::Refused {
             sum.wrongly_taken += 1;
             found.push((
                 "refusal",
