@@ -188,16 +188,23 @@ fn states_tree(lab: &Lab, export: &str) {
     }
 }
 
-/// The daemon options of the device-state fuzzer: a frontend per taken state, small limits.
-const STATES_DAEMON: [&str; 7] = [
-    "--keep-serving",
-    "--max-nodes",
-    "256",
-    "--max-handles",
-    "64",
-    "--log-level",
-    "error",
-];
+/// The daemon options of the device-state fuzzer: a frontend per taken state, small limits;
+/// then HOSTILE_STATES_DAEMON_ARGS (default `--log-level error`).
+fn states_daemon_args() -> Vec<String> {
+    let mut v: Vec<String> = [
+        "--keep-serving",
+        "--max-nodes",
+        "256",
+        "--max-handles",
+        "64",
+    ]
+    .map(String::from)
+    .to_vec();
+    let extra =
+        std::env::var("HOSTILE_STATES_DAEMON_ARGS").unwrap_or_else(|_| "--log-level error".into());
+    v.extend(extra.split_whitespace().map(String::from));
+    v
+}
 
 /// The fields of a `hostile states: seed=...` summary line.
 fn summary_fields(line: &str) -> std::collections::BTreeMap<String, String> {
@@ -214,7 +221,8 @@ fn summary_fields(line: &str) -> std::collections::BTreeMap<String, String> {
 /// the export reachable, no handle used with rights its opener lacks, every state it must
 /// refuse refused, every request answered, the daemon alive and taking the next frontend.
 /// HOSTILE_STATES sets the count (default 1,000), HOSTILE_STATES_SEED the seed (default: a
-/// new one each run, printed), HOSTILE_STATES_FIRST the number of the first state (default 0:
+/// new one each run, printed), HOSTILE_STATES_DAEMON_ARGS the daemon's options (default
+/// `--log-level error`), HOSTILE_STATES_FIRST the number of the first state (default 0:
 /// a long run split over several processes), HOSTILE_STATES_ARGS more options for the fuzzer,
 /// and HOSTILE_STATES_CHUNK the states per daemon (default: all): the long run starts a new
 /// daemon every chunk, since each frontend connection leaves two eventfds open in the daemon
@@ -245,7 +253,9 @@ fn hostile_device_states_keep_the_daemon_inside_its_export() {
     let mut first = start;
     while first < end {
         let n = chunk.min(end - first);
-        let daemon = common::Daemon::start(&lab, &work, &export, &STATES_DAEMON);
+        let args = states_daemon_args();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let daemon = common::Daemon::start(&lab, &work, &export, &args);
         let out = Command::new(common::bench_binary())
             .args(["hostile", "states", "--socket"])
             .arg(&daemon.socket)
@@ -360,7 +370,9 @@ fn hostile_device_states_after_fuse_init_are_refused() {
     let export = common::hostile::hostile_tree(&lab, "hostile-states-init");
     states_tree(&lab, &export);
     let work = lab.scratch("hostile-states-init");
-    let daemon = common::Daemon::start(&lab, &work, &export, &STATES_DAEMON);
+    let args = states_daemon_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let daemon = common::Daemon::start(&lab, &work, &export, &args);
     let out = Command::new(common::bench_binary())
         .args(["hostile", "states", "--init-first", "--socket"])
         .arg(&daemon.socket)
