@@ -26,7 +26,9 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault};
+
+use super::shards::{IdHasher, IdMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -233,29 +235,6 @@ impl<T> Node<T> {
         drop(old);
     }
 }
-
-/// Identity hasher for node ids (already well spread for allocated ids; inode numbers are
-/// sequential, which is fine for a HashMap with a proper mixer below).
-#[derive(Default)]
-struct IdHasher(u64);
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        // splitmix64 finaliser: sequential ids spread over buckets.
-        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8) | u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, i: u64) {
-        self.0 = i;
-    }
-}
-type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
 
 /// What a lookup produced, to be entered in the table.
 #[derive(Debug)]
