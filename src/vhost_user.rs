@@ -29,9 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::abi::fuse_abi::InHeader;
 use fuse_backend_rs::api::filesystem::FileSystem;
-use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use tracing::{debug, error, warn};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
@@ -40,11 +38,10 @@ use vhost::vhost_user::message::{
 use vhost_user_backend::{VhostUserBackend, VringMutex, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
-use virtio_queue::{DescriptorChain, QueueT};
-use vm_memory::bitmap::BS;
+use virtio_queue::QueueT;
 use vm_memory::{
-    Address, ByteValued, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic,
-    GuestMemoryLoadGuard, GuestMemoryMmap,
+    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard,
+    GuestMemoryMmap,
 };
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
@@ -55,16 +52,17 @@ use crate::metrics;
 use crate::migration::{DeviceState, MigrationError, MAX_STATE_LEN};
 use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
 
-mod bounce;
+mod chain;
 mod cost;
 #[cfg(libcephfs_nonblocking)]
 mod nonblocking;
 mod pool;
 mod rescue;
 use crate::server::{
-    mark_queue_thread, ExtraOps, FuseServer, ServerError, FUSE_COPY_FILE_RANGE, FUSE_SETLKW,
-    FUSE_SYNCFS,
+    mark_queue_thread, ExtraOps, FuseServer, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS,
 };
+pub use chain::ChainError;
+use chain::Request;
 use cost::ServeCost;
 use pool::{PoolLimits, WorkerPool};
 use rescue::InlineWatch;
@@ -109,21 +107,6 @@ pub struct BackendOptions {
     /// (`--nonblocking-io`); only builds against libcephfs 20 and later have that path, the
     /// others serve everything the blocking way whatever this says.
     pub nonblocking: bool,
-}
-
-/// Why a descriptor chain was returned to the guest unanswered.
-#[derive(Debug, thiserror::Error)]
-pub enum ChainError {
-    #[error("Cannot map the request's readable descriptors")]
-    Reader(#[source] fuse_backend_rs::transport::Error),
-    #[error("Cannot copy the request's in-header")]
-    Bounce(#[source] bounce::BounceError),
-    #[error("Cannot map the request's writable descriptors")]
-    Writer(#[source] fuse_backend_rs::transport::Error),
-    #[error("Cannot serve the request")]
-    Server(#[source] ServerError),
-    #[error("The descriptor chain loops (a descriptor comes back)")]
-    Loop,
 }
 
 /// Why the backend could not be created.
@@ -566,7 +549,9 @@ where
             if self.inner.closed.load(Ordering::Acquire) {
                 break;
             }
-            let Some(pending) = self.pop(vring, mem, queue) else {
+            // The memory map as it is now, for each request: a frontend adding memory while
+            // the guest runs changes it between two requests.
+            let Some(pending) = self.pop(vring, mem.memory(), queue) else {
                 break;
             };
             // Sending may wait (caps from the MDS, a privilege kill, the size under the caps):
@@ -634,15 +619,14 @@ where
                 break;
             }
             let mut state = vring.get_mut();
-            let Some(chain) = state.get_queue_mut().pop_descriptor_chain(guard.clone()) else {
+            let Some(request) = pop_request(state.get_queue_mut(), &guard) else {
                 break;
             };
             let pending = Pending {
                 in_flight: self.inner.in_flight.enter(),
                 depth: metrics::global().queue_enter(queue),
-                header: read_header(&guard, &chain),
+                request,
                 guard: guard.clone(),
-                chain,
             };
             if pending.opcode() == Some(FUSE_SETLKW) {
                 drop(state);
@@ -653,24 +637,16 @@ where
                 }
                 continue;
             }
-            bounce::warm();
-            let head = pending.chain.head_index();
-            let used = match serve_chain(
+            chain::warm();
+            let head = pending.request.head;
+            let served = chain::serve(
                 &self.inner.server,
                 &pending.guard,
-                pending.chain.clone(),
-                pending.header,
+                &pending.request,
                 queue,
-            ) {
-                Ok(n) => u32::try_from(n).unwrap_or(0),
-                Err(e) => {
-                    if !matches!(e, ChainError::Server(_)) {
-                        metrics::global().record_malformed();
-                    }
-                    warn!(queue, head, error = %error_chain(&e), "Malformed request; returning it unanswered");
-                    0
-                }
-            };
+                Instant::now(),
+            );
+            let used = chain::used_len(served.used, queue, head);
             if let Err(e) = state.add_used(head, used) {
                 warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
                 continue;
@@ -683,19 +659,14 @@ where
         }
     }
 
-    /// Pop the next available chain and read its in-header.
-    fn pop(&self, vring: &Vring, mem: &GuestMem, queue: usize) -> Option<Pending> {
-        let guard = mem.memory();
-        let chain = vring
-            .get_mut()
-            .get_queue_mut()
-            .pop_descriptor_chain(guard.clone())?;
+    /// Pop the next available chain and read its descriptors and in-header (`chain::walk`).
+    fn pop(&self, vring: &Vring, guard: MemGuard, queue: usize) -> Option<Pending> {
+        let request = pop_request(vring.get_mut().get_queue_mut(), &guard)?;
         Some(Pending {
             in_flight: self.inner.in_flight.enter(),
             depth: metrics::global().queue_enter(queue),
-            header: read_header(&guard, &chain),
+            request,
             guard,
-            chain,
         })
     }
 
@@ -732,7 +703,7 @@ where
         };
         let mut n = 0u32;
         while !self.inner.closed.load(Ordering::Acquire) {
-            let Some(p) = self.pop(&vring, &mem, queue) else {
+            let Some(p) = self.pop(&vring, mem.memory(), queue) else {
                 break;
             };
             let waits = Dispatch::of(p.opcode()) == Dispatch::Waits;
@@ -933,16 +904,15 @@ impl Dispatch {
 struct Pending {
     in_flight: InFlightGuard,
     depth: metrics::QueueDepthGuard,
-    /// The in-header, read once when the chain was popped: where the request runs and what
-    /// the server does with it are both decided from this copy. `None`: malformed.
-    header: Option<InHeader>,
+    /// The chain's descriptors and in-header, read once when it was popped: where the request
+    /// runs and what the server does with it are both decided from this copy.
+    request: Request,
     guard: MemGuard,
-    chain: DescriptorChain<MemGuard>,
 }
 
 impl Pending {
     fn opcode(&self) -> Option<u32> {
-        self.header.map(|h| h.opcode)
+        self.request.opcode()
     }
 
     /// Serve the request and give it back; with `cost`, account how long that took.
@@ -950,226 +920,27 @@ impl Pending {
     where
         F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
     {
-        bounce::warm();
-        let start = cost.map(|_| Instant::now());
-        let opcode = self.opcode();
-        complete_chain(server, vring, &self.guard, self.chain, self.header, queue);
-        if let (Some(cost), Some(start)) = (cost, start) {
-            cost.record(opcode, start.elapsed());
+        chain::warm();
+        let start = Instant::now();
+        let took = chain::complete(server, vring, &self.guard, &self.request, queue, start);
+        if let Some(cost) = cost {
+            cost.record(self.opcode(), took.unwrap_or_else(|| start.elapsed()));
         }
         drop(self.depth);
         drop(self.in_flight);
     }
 }
 
-/// The request's in-header, read from the chain's readable descriptors (it may span several);
-/// `None` when they do not hold one (the server will judge such a request).
-fn read_header(mem: &MemGuard, chain: &DescriptorChain<MemGuard>) -> Option<InHeader> {
-    let mut header = InHeader::default();
-    let buf = header.as_mut_slice();
-    let mut filled = 0;
-    for desc in chain.clone().readable() {
-        if filled >= buf.len() {
-            break;
-        }
-        let len = usize::try_from(desc.len()).unwrap_or(usize::MAX);
-        let take = len.min(buf.len() - filled);
-        let dst = buf.get_mut(filled..filled + take)?;
-        mem.read_slice(dst, desc.addr()).ok()?;
-        filled += take;
-    }
-    (filled == buf.len()).then_some(header)
+/// Pop the next available chain of `queue` and walk it (`chain::walk`).
+fn pop_request(queue: &mut virtio_queue::Queue, mem: &MemGuard) -> Option<Request> {
+    let mem: &GuestMemoryMmap<GuestBitmap> = mem;
+    let head = queue.pop_descriptor_chain(mem)?.head_index();
+    let (table, size) = (GuestAddress(queue.desc_table()), queue.size());
+    Some(chain::walk(mem, table, size, head))
 }
 
 fn queue_error(e: virtio_queue::Error) -> io::Error {
     io::Error::other(format!("virtqueue access failed: {e}"))
-}
-
-/// Serve one chain and give it back to the guest. Never panics on guest input.
-fn complete_chain<F>(
-    server: &FuseServer<F>,
-    vring: &Vring,
-    mem: &MemGuard,
-    chain: DescriptorChain<MemGuard>,
-    header: Option<InHeader>,
-    queue: usize,
-) where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
-{
-    let head = chain.head_index();
-    let used = match serve_chain(server, mem, chain, header, queue) {
-        Ok(n) => u32::try_from(n).unwrap_or_else(|_| {
-            warn!(
-                queue,
-                head, "Reply longer than 4 GiB; returning the chain empty"
-            );
-            0
-        }),
-        Err(e) => {
-            // The server counts what it rejects; count what never reached it.
-            if !matches!(e, ChainError::Server(_)) {
-                metrics::global().record_malformed();
-            }
-            warn!(queue, head, error = %error_chain(&e), "Malformed request; returning it unanswered");
-            0
-        }
-    };
-    give_back(vring, head, used, queue);
-}
-
-/// Return chain `head` to the guest with `used` bytes written, and notify it when it asked
-/// to be (EVENT_IDX's used_event, or no NO_INTERRUPT).
-fn give_back(vring: &Vring, head: u16, used: u32, queue: usize) {
-    if let Err(e) = vring.add_used(head, used) {
-        warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
-        return;
-    }
-    match vring.needs_notification() {
-        Ok(false) => {}
-        Ok(true) | Err(_) => {
-            if let Err(e) = vring.signal_used_queue() {
-                warn!(queue, error = %e, "Cannot notify the guest");
-            }
-        }
-    }
-}
-
-/// Whether the chain comes back to a descriptor it has been through. virtio-queue follows
-/// `next` for at most the queue's size of descriptors and does not stop at a repeat, so a
-/// writable descriptor whose `next` leads back to the chain's start was counted again and
-/// again: a READDIRPLUS asking for 1 MiB against a 132 KiB buffer then passed the size check
-/// and its reply claimed 259,536 bytes written into 135,168 (the hostile fuzzer's 10M run).
-/// A descriptor is known by its contents (address, length, flags, next): the same contents
-/// lead to the same successor, so a repeat is a loop (or, across an indirect table and the
-/// ring, a chain no driver builds). Chains are short and this runs for every request: the
-/// first 16 descriptors are kept on the stack, only longer (hostile) chains take a set.
-fn chain_loops(chain: &DescriptorChain<MemGuard>) -> bool {
-    type Key = (u64, u32, u16, u16);
-    let mut few = [(0, 0, 0, 0); 16];
-    let mut n = 0;
-    let mut many: Option<std::collections::HashSet<Key>> = None;
-    for d in chain.clone() {
-        let key: Key = (d.addr().0, d.len(), d.flags(), d.next());
-        if let Some(set) = &mut many {
-            if !set.insert(key) {
-                return true;
-            }
-            continue;
-        }
-        if few.get(..n).is_some_and(|seen| seen.contains(&key)) {
-            return true;
-        }
-        match few.get_mut(n) {
-            Some(slot) => {
-                *slot = key;
-                n += 1;
-            }
-            None => {
-                let mut set: std::collections::HashSet<Key> = few.iter().copied().collect();
-                set.insert(key);
-                many = Some(set);
-            }
-        }
-    }
-    false
-}
-
-/// A request's reader and its reply's writer, over guest memory.
-type RequestIo<'a> = (
-    Reader<'a, BS<'a, GuestBitmap>>,
-    Writer<'a, BS<'a, GuestBitmap>>,
-);
-
-/// The reader of a request and the writer of its reply. fuse-backend-rs reads the in-header
-/// from a private copy of what the queue thread decoded (`header`), never again from guest
-/// memory (see `bounce`); `composite` is `bounce::compose(mem)`.
-fn request_io<'a>(
-    composite: &'a GuestMemoryMmap<GuestBitmap>,
-    mem: &'a MemGuard,
-    chain: DescriptorChain<MemGuard>,
-    header: &InHeader,
-) -> Result<RequestIo<'a>, ChainError> {
-    let private =
-        bounce::request_chain(composite, mem, chain.clone(), header).map_err(ChainError::Bounce)?;
-    let reader = Reader::from_descriptor_chain(composite, private).map_err(ChainError::Reader)?;
-    let writer = VirtioFsWriter::new(&**mem, chain).map_err(ChainError::Writer)?;
-    Ok((reader, Writer::from(writer)))
-}
-
-/// Map the chain (popped from virtqueue `queue`, with the in-header read when it was popped)
-/// into a FUSE reader/writer and run the server.
-pub fn serve_chain<F>(
-    server: &FuseServer<F>,
-    mem: &MemGuard,
-    chain: DescriptorChain<MemGuard>,
-    header: Option<InHeader>,
-    queue: usize,
-) -> Result<usize, ChainError>
-where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
-{
-    let Some(header) = header else {
-        metrics::global().record_malformed();
-        let available =
-            Reader::from_descriptor_chain(&**mem, chain).map_or(0, |r| r.available_bytes());
-        return Err(ChainError::Server(ServerError::ShortHeader(available)));
-    };
-    if chain_loops(&chain) {
-        return Err(ChainError::Loop);
-    }
-    let composite = bounce::compose(mem).map_err(ChainError::Bounce)?;
-    let probe = chain.clone();
-    let again = chain.clone();
-    let (reader, writer) = request_io(&composite, mem, chain, &header)?;
-    match server.handle_message(header, reader, writer, queue, |written| {
-        read_reply_head(mem, probe, written)
-    }) {
-        // FORGET and BATCH_FORGET are never answered.
-        Err(e)
-            if header.opcode == crate::server::wire::FUSE_FORGET
-                || header.opcode == crate::server::wire::FUSE_BATCH_FORGET =>
-        {
-            Err(ChainError::Server(e))
-        }
-        Err(e) => match crate::server::refused_errno(&e) {
-            // fuse-backend-rs refused the request before serving it, without a reply:
-            // answer it with the errno on a fresh writer of the same chain.
-            Some(errno) => {
-                let writer = VirtioFsWriter::new(&**mem, again).map_err(ChainError::Writer)?;
-                crate::server::reply_errno(header.unique, Writer::from(writer), errno)
-                    .map_err(ChainError::Server)
-            }
-            None => Err(ChainError::Server(e)),
-        },
-        ok => ok.map_err(ChainError::Server),
-    }
-}
-
-/// Read back the first bytes of the reply just written to the chain's writable descriptors
-/// (for the metrics). Returns the buffer and how many bytes of it are filled.
-fn read_reply_head(
-    mem: &MemGuard,
-    chain: DescriptorChain<MemGuard>,
-    written: usize,
-) -> ([u8; crate::server::wire::REPLY_HEAD_LEN], usize) {
-    let mut head = [0u8; crate::server::wire::REPLY_HEAD_LEN];
-    let want = written.min(head.len());
-    let mut filled = 0;
-    for desc in chain.writable() {
-        if filled >= want {
-            break;
-        }
-        let len = usize::try_from(desc.len()).unwrap_or(usize::MAX);
-        let take = len.min(want - filled);
-        let Some(dst) = head.get_mut(filled..filled + take) else {
-            break;
-        };
-        if mem.read_slice(dst, desc.addr()).is_err() {
-            break;
-        }
-        filled += take;
-    }
-    (head, filled)
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -199,8 +199,8 @@ fn fresh_root(cli: &Cli) -> Result<String, CostError> {
         client_id: cli.client_id.clone(),
         admin_socket: None,
     };
-    let mut floor =
-        FloorBackend::connect(&spec, 4096).map_err(|e| CostError::Floor(cli.ceph_root.clone(), e))?;
+    let mut floor = FloorBackend::connect(&spec, 4096)
+        .map_err(|e| CostError::Floor(cli.ceph_root.clone(), e))?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());

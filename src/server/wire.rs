@@ -77,6 +77,16 @@ pub const OUT_HEADER_LEN: usize = 16;
 /// [`ReplyHead::parse`] needs to see.
 pub const REPLY_HEAD_LEN: usize = OUT_HEADER_LEN + 8;
 
+/// The out-header of a reply carrying only `errno` to request `unique`.
+pub fn error_header(unique: u64, errno: i32) -> fuse_backend_rs::abi::fuse_abi::OutHeader {
+    fuse_backend_rs::abi::fuse_abi::OutHeader {
+        // 16: a constant that fits.
+        len: u32::try_from(OUT_HEADER_LEN).unwrap_or(u32::MAX),
+        error: errno.saturating_neg(),
+        unique,
+    }
+}
+
 /// Operations fuse-backend-rs 0.14 does not dispatch; the filesystem implements them.
 ///
 /// Errors must be `io::Error::from_raw_os_error(errno)`: the errno goes to the guest unchanged.

@@ -39,10 +39,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use fuse_backend_rs::api::filesystem::FileSystem;
-use fuse_backend_rs::transport::{VirtioFsWriter, Writer};
 use tracing::warn;
 
-use super::{bounce, chain_loops, give_back, request_io, Inner, Pending, Vring, HIPRIO_QUEUE};
+use super::chain::{self, give_back};
+use super::{Inner, Pending, Vring, HIPRIO_QUEUE};
 use crate::metrics;
 use crate::server::nonblocking::{AsyncRequest, Started};
 use crate::server::wire::{AsyncReply, ExtraOps, FUSE_READ, FUSE_WRITE};
@@ -107,26 +107,19 @@ pub(super) fn try_start<F>(
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
-    let header = match p.header {
-        Some(h) if queue != HIPRIO_QUEUE && (h.opcode == FUSE_READ || h.opcode == FUSE_WRITE) => h,
+    match p.request.header {
+        Some(h) if queue != HIPRIO_QUEUE && (h.opcode == FUSE_READ || h.opcode == FUSE_WRITE) => {}
         _ => return Some(p),
-    };
-    if chain_loops(&p.chain) {
-        return Some(p);
     }
     let tag = aio.next_tag.fetch_add(1, Ordering::Relaxed);
-    // The request as `serve_chain` builds it: the in-header from the private copy.
-    bounce::warm();
-    let started = (|| {
-        let composite = bounce::compose(&p.guard).ok()?;
-        let (reader, writer) = request_io(&composite, &p.guard, p.chain.clone(), &header).ok()?;
-        Some(server.start_async(header, reader, writer, queue, tag))
-    })();
-    match started {
+    // The request as `chain::serve` builds it, from the private copy.
+    chain::warm();
+    let head = p.request.head;
+    match chain::start_async(server, &p.guard, &p.request, queue, tag) {
         None | Some(Started::NotTaken) => Some(p),
         Some(Started::Answered(written)) => {
-            let used = used_len(written, queue, p.chain.head_index());
-            give_back(vring, p.chain.head_index(), used, queue);
+            let used = used_len(written, queue, head);
+            give_back(vring, head, used, queue);
             drop(p);
             None
         }
@@ -198,17 +191,19 @@ where
         vring,
         queue,
     } = *op;
-    let head = pending.chain.head_index();
-    let written = match VirtioFsWriter::new(&*pending.guard, pending.chain.clone()) {
-        Ok(w) => server.finish_async(request, result, Writer::from(w)),
-        Err(e) => {
-            // The same chain gave a writer when the request was taken.
-            warn!(queue, head, error = %e, "Cannot map the reply space of an async request");
-            metrics::global().record_malformed();
-            drop(request);
-            Ok(0)
-        }
-    };
+    let head = pending.request.head;
+    // The reply goes to the buffers walked when the request was popped: the guest's
+    // descriptors are not read again.
+    let written =
+        match chain::finish_async(server, &pending.guard, &pending.request, request, result) {
+            Ok(n) => Ok(n),
+            Err(chain::ChainError::Server(e)) => Err(e),
+            Err(e) => {
+                warn!(queue, head, error = %e, "Cannot write the reply of an async request");
+                metrics::global().record_malformed();
+                Ok(0)
+            }
+        };
     let used = used_len(written, queue, head);
     give_back(&vring, head, used, queue);
     drop(pending);

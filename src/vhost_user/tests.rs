@@ -1488,7 +1488,7 @@ fn hostile_header_rewritten_after_the_pop_cannot_start_a_lock_wait() {
     let req = driver.next_data;
     let reply = driver.submit(&bytes, 256);
     let pending = backend
-        .pop(&vring, &mem, 1)
+        .pop(&vring, mem.memory(), 1)
         .unwrap_or_else(|| panic!("nothing popped"));
     assert_eq!(pending.opcode(), Some(FUSE_GETATTR));
     assert_eq!(Dispatch::of(pending.opcode()), Dispatch::Quick);
@@ -1586,7 +1586,7 @@ fn hostile_setlkw_reaching_a_queue_thread_is_refused() {
     fs.hold_lock();
     let reply = driver.submit(&held_lock_request(41), 64);
     let pending = backend
-        .pop(&vring, &mem, 1)
+        .pop(&vring, mem.memory(), 1)
         .unwrap_or_else(|| panic!("nothing popped"));
     std::thread::scope(|s| {
         let t = s.spawn(|| {
