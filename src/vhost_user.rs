@@ -35,7 +35,7 @@ use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
 };
-use vhost_user_backend::{VhostUserBackend, VringMutex, VringT};
+use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
 use virtio_queue::QueueT;
@@ -58,6 +58,7 @@ mod cost;
 mod nonblocking;
 mod pool;
 mod rescue;
+mod ring;
 use crate::server::{
     mark_queue_thread, ExtraOps, FuseServer, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS,
 };
@@ -77,8 +78,9 @@ pub const MAX_REQUEST_QUEUES: u16 = 63;
 pub type GuestBitmap = vhost_user_backend::bitmap::BitmapMmapRegion;
 /// Guest memory as vhost-user-backend hands it to us.
 pub type GuestMem = GuestMemoryAtomic<GuestMemoryMmap<GuestBitmap>>;
-/// One virtqueue's state, shared between the queue thread and workers.
-pub type Vring = VringMutex<GuestMem>;
+/// One virtqueue's state, shared between the queue thread and workers (`ring`: it knows when
+/// the frontend stops it).
+pub type Vring = ring::FsVring;
 type MemGuard = GuestMemoryLoadGuard<GuestMemoryMmap<GuestBitmap>>;
 
 /// Index of the hiprio queue.
@@ -619,12 +621,13 @@ where
                 break;
             }
             let mut state = vring.get_mut();
-            let Some(request) = pop_request(state.get_queue_mut(), &guard) else {
+            let Some((request, generation)) = pop_request(vring, &mut state, &guard) else {
                 break;
             };
             let pending = Pending {
                 in_flight: self.inner.in_flight.enter(),
                 depth: metrics::global().queue_enter(queue),
+                generation,
                 request,
                 guard: guard.clone(),
             };
@@ -643,6 +646,7 @@ where
                 &self.inner.server,
                 &pending.guard,
                 &pending.request,
+                chain::Live::Locked,
                 queue,
                 Instant::now(),
             );
@@ -661,10 +665,21 @@ where
 
     /// Pop the next available chain and read its descriptors and in-header (`chain::walk`).
     fn pop(&self, vring: &Vring, guard: MemGuard, queue: usize) -> Option<Pending> {
-        let request = pop_request(vring.get_mut().get_queue_mut(), &guard)?;
+        let (request, generation) = {
+            let mut state = vring.get_mut();
+            let (head, generation, table, size) = {
+                let generation = vring.running()?;
+                let q = state.get_queue_mut();
+                let head = q.pop_descriptor_chain(&*guard)?.head_index();
+                (head, generation, GuestAddress(q.desc_table()), q.size())
+            };
+            drop(state);
+            (chain::walk(&guard, table, size, head), generation)
+        };
         Some(Pending {
             in_flight: self.inner.in_flight.enter(),
             depth: metrics::global().queue_enter(queue),
+            generation,
             request,
             guard,
         })
@@ -904,6 +919,9 @@ impl Dispatch {
 struct Pending {
     in_flight: InFlightGuard,
     depth: metrics::QueueDepthGuard,
+    /// The generation of its ring it was taken in (`ring`): it touches guest memory and is
+    /// answered only while that generation runs.
+    generation: u64,
     /// The chain's descriptors and in-header, read once when it was popped: where the request
     /// runs and what the server does with it are both decided from this copy.
     request: Request,
@@ -922,7 +940,15 @@ impl Pending {
     {
         chain::warm();
         let start = Instant::now();
-        let took = chain::complete(server, vring, &self.guard, &self.request, queue, start);
+        let took = chain::complete(
+            server,
+            vring,
+            &self.guard,
+            &self.request,
+            self.generation,
+            queue,
+            start,
+        );
         if let Some(cost) = cost {
             cost.record(self.opcode(), took.unwrap_or_else(|| start.elapsed()));
         }
@@ -931,12 +957,20 @@ impl Pending {
     }
 }
 
-/// Pop the next available chain of `queue` and walk it (`chain::walk`).
-fn pop_request(queue: &mut virtio_queue::Queue, mem: &MemGuard) -> Option<Request> {
+/// Pop the next available chain of `vring` (whose state `state` the caller holds locked) and
+/// walk it (`chain::walk`): the request and the generation of the ring it came from.
+fn pop_request(
+    vring: &Vring,
+    state: &mut vhost_user_backend::VringState<GuestMem>,
+    mem: &MemGuard,
+) -> Option<(Request, u64)> {
     let mem: &GuestMemoryMmap<GuestBitmap> = mem;
+    // Stable while the ring's lock is held (`ring`): a stopping ring gives nothing more.
+    let generation = vring.running()?;
+    let queue = state.get_queue_mut();
     let head = queue.pop_descriptor_chain(mem)?.head_index();
     let (table, size) = (GuestAddress(queue.desc_table()), queue.size());
-    Some(chain::walk(mem, table, size, head))
+    Some((chain::walk(mem, table, size, head), generation))
 }
 
 fn queue_error(e: virtio_queue::Error) -> io::Error {

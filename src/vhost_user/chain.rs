@@ -50,6 +50,7 @@ use vm_memory::{
     GuestRegionMmap, MemoryRegionAddress, MmapRegion, VolatileSlice,
 };
 
+use super::ring::Permit;
 use super::{GuestBitmap, MemGuard, Vring};
 use crate::metrics;
 use crate::server::wire::{FUSE_READ, FUSE_WRITE, REPLY_HEAD_LEN};
@@ -122,6 +123,39 @@ pub enum ChainError {
     Transport(#[source] fuse_backend_rs::transport::Error),
     #[error("Cannot serve the request")]
     Server(#[source] ServerError),
+    #[error("The ring stopped after the request was taken")]
+    Stopped,
+}
+
+/// How [`serve`] knows the request's ring still runs when it touches guest memory: after a stop
+/// (GET_VRING_BASE) that memory belongs to whatever the guest does next (a rebooted kernel), and
+/// a request taken before must not read or write it (`ring`).
+#[derive(Clone, Copy)]
+pub(super) enum Live<'a> {
+    /// Take a permit of the ring for the request's generation.
+    Check(&'a Vring, u64),
+    /// The caller holds the vring's lock for the whole request (`drain_queue_locked`): the
+    /// ring cannot stop meanwhile.
+    Locked,
+}
+
+impl Live<'_> {
+    /// Leave to touch guest memory: `None` if the ring stopped; `Some(None)` when the caller's
+    /// lock is the leave.
+    fn permit(self) -> Option<Option<Permit>> {
+        match self {
+            Live::Locked => Some(None),
+            Live::Check(vring, generation) => vring.permit(generation).map(Some),
+        }
+    }
+
+    /// Run `f` with leave to touch guest memory; `None` (nothing run) if the ring stopped.
+    fn with<T>(self, f: impl FnOnce() -> T) -> Option<T> {
+        let permit = self.permit()?;
+        let out = f();
+        drop(permit);
+        Some(out)
+    }
 }
 
 /// A popped chain, its descriptors read once (see the module documentation).
@@ -507,6 +541,7 @@ pub(super) fn serve<F>(
     server: &FuseServer<F>,
     mem: &MemGuard,
     r: &Request,
+    live: Live<'_>,
     queue: usize,
     start: Instant,
 ) -> Outcome
@@ -527,11 +562,19 @@ where
             && r.readable_len <= REQUEST_COPY
             && r.writable_len <= REPLY_COPY
         {
-            serve_copied(server, mem, r, header, &mut p, queue, start)
+            serve_copied(server, mem, r, header, &mut p, Trip { live, queue, start })
         } else {
-            serve_mapped(server, mem, r, header, &mut p, queue, start)
+            serve_mapped(server, mem, r, header, &mut p, Trip { live, queue, start })
         }
     })
+}
+
+/// Where a request being served came from and when it began.
+#[derive(Clone, Copy)]
+struct Trip<'a> {
+    live: Live<'a>,
+    queue: usize,
+    start: Instant,
 }
 
 /// What [`serve`] did: the bytes written to the guest (or why the chain goes back
@@ -548,8 +591,7 @@ fn serve_copied<F>(
     r: &Request,
     header: InHeader,
     p: &mut Private,
-    queue: usize,
-    start: Instant,
+    trip: Trip<'_>,
 ) -> Outcome
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
@@ -562,18 +604,26 @@ where
         h.copy_from_slice(header.as_slice());
     }
     if let Some(rest) = request.get_mut(head..) {
-        if let Err(e) = copy_in(mem, &r.readable, head, rest) {
+        let copied = trip
+            .live
+            .with(|| copy_in(mem, &r.readable, head, rest))
+            .ok_or(ChainError::Stopped)
+            .and_then(|c| c.map_err(ChainError::CopyIn));
+        if let Err(e) = copied {
             return Outcome {
-                used: Err(ChainError::CopyIn(e)),
+                used: Err(e),
                 took: None,
             };
         }
     }
     reply.resize(r.writable_len, 0);
-    let served = server.serve_copied(header, request, reply, queue, start);
+    let served = server.serve_copied(header, request, reply, trip.queue, trip.start);
     let used = served.written.map_err(ChainError::Server).and_then(|n| {
         let out = reply.get(..n).unwrap_or(&[]);
-        copy_out(mem, &r.writable, out).map_err(ChainError::CopyOut)?;
+        trip.live
+            .with(|| copy_out(mem, &r.writable, out))
+            .ok_or(ChainError::Stopped)?
+            .map_err(ChainError::CopyOut)?;
         Ok(n)
     });
     Outcome {
@@ -589,13 +639,36 @@ fn serve_mapped<F>(
     r: &Request,
     header: InHeader,
     p: &mut Private,
-    queue: usize,
-    start: Instant,
+    trip: Trip<'_>,
 ) -> Outcome
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
     let private_reply = header.opcode != FUSE_READ && r.writable_len <= REPLY_COPY;
+    let copied = copied_len(header, r);
+    // A request whose data libcephfs moves in place (a WRITE's, a READ's) or whose reply goes
+    // straight into the guest's buffers touches guest memory while it is served: it holds its
+    // leave all along, and a stop waits for it. The others take it for their copies only, so
+    // that one waiting long (SETLKW for another client's lock) does not hold up a stop.
+    let in_place = r.readable_len > copied || !private_reply;
+    let held = if in_place {
+        match trip.live.permit() {
+            Some(p) => Some(p),
+            None => {
+                return Outcome {
+                    used: Err(ChainError::Stopped),
+                    took: None,
+                }
+            }
+        }
+    } else {
+        None
+    };
+    let live = if held.is_some() {
+        Live::Locked
+    } else {
+        trip.live
+    };
     let m = match mapped(p) {
         Ok(m) => m,
         Err(e) => {
@@ -606,20 +679,44 @@ where
         }
     };
     let region = m.region.clone();
-    let served = with_private_io(m, mem, r, header, private_reply, |reader, writer| {
-        server.handle_message(header, reader, writer, queue, start, |n| {
-            reply_head(mem, &region, private_reply, &r.writable, n)
-        })
-    });
-    match served {
+    let served = with_private_io(
+        m,
+        mem,
+        r,
+        header,
+        live,
+        copied,
+        private_reply,
+        |reader, writer| {
+            server.handle_message(header, reader, writer, trip.queue, trip.start, |n| {
+                reply_head(mem, &region, private_reply, &r.writable, n)
+            })
+        },
+    );
+    let outcome = match served {
         Ok(served) => Outcome {
-            used: answer_mapped(mem, &region, r, header, private_reply, served.written),
+            used: live
+                .with(|| answer_mapped(mem, &region, r, header, private_reply, served.written))
+                .unwrap_or(Err(ChainError::Stopped)),
             took: Some(served.took),
         },
         Err(e) => Outcome {
             used: Err(e),
             took: None,
         },
+    };
+    drop(held);
+    outcome
+}
+
+/// What of `r` is copied into private memory: all of a request but a WRITE, whose data stays
+/// where it is.
+fn copied_len(header: InHeader, r: &Request) -> usize {
+    if header.opcode == FUSE_WRITE {
+        r.readable_len
+            .min(size_of::<InHeader>() + size_of::<WriteIn>())
+    } else {
+        r.readable_len.min(REQUEST_COPY)
     }
 }
 
@@ -686,11 +783,14 @@ fn reply_out(
 /// them: the reader starts with the private copy of the request (all of it but a WRITE's
 /// data); the writer is the private reply buffer when `private_reply`, else the guest's
 /// writable buffers.
+#[allow(clippy::too_many_arguments)] // one request's parts, each from another place
 fn with_private_io<T>(
     m: &mut Mapped,
     mem: &GuestMemoryMmap<GuestBitmap>,
     r: &Request,
     header: InHeader,
+    live: Live<'_>,
+    copied: usize,
     private_reply: bool,
     f: impl FnOnce(
         Reader<'_, vm_memory::bitmap::MS<'_, GuestMemoryMmap<GuestBitmap>>>,
@@ -698,13 +798,6 @@ fn with_private_io<T>(
     ) -> T,
 ) -> Result<T, ChainError> {
     let composite = m.compose(mem)?;
-    // What is copied: all of a request but a WRITE, whose data stays where it is.
-    let copied = if header.opcode == FUSE_WRITE {
-        r.readable_len
-            .min(size_of::<InHeader>() + size_of::<WriteIn>())
-    } else {
-        r.readable_len.min(REQUEST_COPY)
-    };
     let head = size_of::<InHeader>();
     let setup = |e: &dyn std::fmt::Display| ChainError::Setup(e.to_string());
     let copy = m
@@ -715,7 +808,9 @@ fn with_private_io<T>(
     copy.write_slice(header.as_slice(), 0)
         .map_err(|e| setup(&e))?;
     let rest = copy.offset(head).map_err(|e| setup(&e))?;
-    copy_region_in(mem, &r.readable, head, &rest).map_err(ChainError::CopyIn)?;
+    live.with(|| copy_region_in(mem, &r.readable, head, &rest))
+        .ok_or(ChainError::Stopped)?
+        .map_err(ChainError::CopyIn)?;
     // The private chain: the copy, the readable bytes past it, the reply space.
     let mut descs: SmallVec<[(u64, u32, u16); 8]> = SmallVec::new();
     let copied32 = u32::try_from(copied).map_err(|_| ChainError::TooLong)?;
@@ -761,6 +856,7 @@ pub(super) fn start_async<F>(
     server: &FuseServer<F>,
     mem: &MemGuard,
     r: &Request,
+    live: Live<'_>,
     queue: usize,
     tag: u64,
 ) -> Option<crate::server::nonblocking::Started>
@@ -775,16 +871,27 @@ where
         let mut p = p.borrow_mut();
         let m = mapped(&mut p).ok()?;
         let region = m.region.clone();
-        let started = with_private_io(m, mem, r, header, private_reply, |reader, writer| {
-            server.start_async(header, reader, writer, queue, tag)
-        })
+        // The submission reads the request and a WRITE's data out of guest memory (an
+        // answer given at once is written there too): with the ring's leave throughout.
+        let _permit = live.permit()?;
+        let copied = copied_len(header, r);
+        let started = with_private_io(
+            m,
+            mem,
+            r,
+            header,
+            Live::Locked,
+            copied,
+            private_reply,
+            |reader, writer| server.start_async(header, reader, writer, queue, tag),
+        )
         .ok()?;
         Some(match started {
-            Started::Answered(Ok(n)) if private_reply => {
-                Started::Answered(reply_out(mem, &region, r, n).map(|()| n).map_err(|e| {
-                    ServerError::WriteReply(std::io::Error::other(e.to_string()))
-                }))
-            }
+            Started::Answered(Ok(n)) if private_reply => Started::Answered(
+                reply_out(mem, &region, r, n)
+                    .map(|()| n)
+                    .map_err(|e| ServerError::WriteReply(std::io::Error::other(e.to_string()))),
+            ),
             other => other,
         })
     })
@@ -797,6 +904,7 @@ pub(super) fn finish_async<F>(
     server: &FuseServer<F>,
     mem: &MemGuard,
     r: &Request,
+    live: Live<'_>,
     request: crate::server::nonblocking::AsyncRequest,
     result: std::io::Result<crate::server::wire::AsyncReply>,
 ) -> Result<usize, ChainError>
@@ -808,9 +916,19 @@ where
     PRIVATE.with(|p| {
         let mut p = p.borrow_mut();
         let m = mapped(&mut p)?;
-        with_private_io(m, mem, r, header, false, |_, writer| {
-            server.finish_async(request, result, writer)
-        })?
+        // The reply goes straight into the guest's buffers: with the ring's leave throughout.
+        let _permit = live.permit().ok_or(ChainError::Stopped)?;
+        let copied = copied_len(header, r);
+        with_private_io(
+            m,
+            mem,
+            r,
+            header,
+            Live::Locked,
+            copied,
+            false,
+            |_, writer| server.finish_async(request, result, writer),
+        )?
         .map_err(ChainError::Server)
     })
 }
@@ -912,17 +1030,28 @@ fn reply_head(
 }
 
 /// Return chain `head` to the guest with `used` bytes written, and notify it when it asked to
-/// be (EVENT_IDX's used_event, or no NO_INTERRUPT).
-pub(super) fn give_back(vring: &Vring, head: u16, used: u32, queue: usize) {
+/// be (EVENT_IDX's used_event, or no NO_INTERRUPT): one hold of the vring's lock. Nothing when
+/// the ring the request came from was stopped meanwhile (`ring`).
+pub(super) fn give_back(vring: &Vring, head: u16, used: u32, queue: usize, generation: u64) {
     use vhost_user_backend::VringT;
-    if let Err(e) = vring.add_used(head, used) {
+    let mut state = vring.get_mut();
+    if !state.get_queue().ready() || !vring.current(generation) {
+        metrics::global().record_dropped_answer();
+        tracing::debug!(
+            queue,
+            head,
+            "The ring stopped after this request was taken: its answer is dropped"
+        );
+        return;
+    }
+    if let Err(e) = state.add_used(head, used) {
         warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
         return;
     }
-    match vring.needs_notification() {
+    match state.needs_notification() {
         Ok(false) => {}
         Ok(true) | Err(_) => {
-            if let Err(e) = vring.signal_used_queue() {
+            if let Err(e) = state.signal_used_queue() {
                 warn!(queue, error = %e, "Cannot notify the guest");
             }
         }
@@ -936,15 +1065,16 @@ pub(super) fn complete<F>(
     vring: &Vring,
     mem: &MemGuard,
     r: &Request,
+    generation: u64,
     queue: usize,
     start: Instant,
 ) -> Option<Duration>
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
-    let outcome = serve(server, mem, r, queue, start);
+    let outcome = serve(server, mem, r, Live::Check(vring, generation), queue, start);
     let used = used_len(outcome.used, queue, r.head);
-    give_back(vring, r.head, used, queue);
+    give_back(vring, r.head, used, queue, generation);
     outcome.took
 }
 
@@ -959,6 +1089,8 @@ pub(super) fn used_len(result: Result<usize, ChainError>, queue: usize, head: u1
             );
             0
         }),
+        // Not answered at all: `give_back` sees the stop too and counts it.
+        Err(ChainError::Stopped) => 0,
         Err(e) => {
             if !matches!(e, ChainError::Server(_)) {
                 metrics::global().record_malformed();

@@ -115,11 +115,18 @@ where
     // The request as `chain::serve` builds it, from the private copy.
     chain::warm();
     let head = p.request.head;
-    match chain::start_async(server, &p.guard, &p.request, queue, tag) {
+    match chain::start_async(
+        server,
+        &p.guard,
+        &p.request,
+        chain::Live::Check(vring, p.generation),
+        queue,
+        tag,
+    ) {
         None | Some(Started::NotTaken) => Some(p),
         Some(Started::Answered(written)) => {
             let used = used_len(written, queue, head);
-            give_back(vring, head, used, queue);
+            give_back(vring, head, used, queue, p.generation);
             drop(p);
             None
         }
@@ -194,18 +201,24 @@ where
     let head = pending.request.head;
     // The reply goes to the buffers walked when the request was popped: the guest's
     // descriptors are not read again.
-    let written =
-        match chain::finish_async(server, &pending.guard, &pending.request, request, result) {
-            Ok(n) => Ok(n),
-            Err(chain::ChainError::Server(e)) => Err(e),
-            Err(e) => {
-                warn!(queue, head, error = %e, "Cannot write the reply of an async request");
-                metrics::global().record_malformed();
-                Ok(0)
-            }
-        };
+    let written = match chain::finish_async(
+        server,
+        &pending.guard,
+        &pending.request,
+        chain::Live::Check(&vring, pending.generation),
+        request,
+        result,
+    ) {
+        Ok(n) => Ok(n),
+        Err(chain::ChainError::Server(e)) => Err(e),
+        Err(e) => {
+            warn!(queue, head, error = %e, "Cannot write the reply of an async request");
+            metrics::global().record_malformed();
+            Ok(0)
+        }
+    };
     let used = used_len(written, queue, head);
-    give_back(&vring, head, used, queue);
+    give_back(&vring, head, used, queue, pending.generation);
     drop(pending);
     tracing::debug!(queue, head, used, "async request answered");
 }

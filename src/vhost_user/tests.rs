@@ -2072,3 +2072,54 @@ fn paused_queues_serve_after_the_last_reopen_and_never_after_the_stop() {
 
 #[cfg(libcephfs_nonblocking)]
 mod nonblocking;
+
+/// A guest reboots while a SETLKW of its previous boot waits: the frontend stops the ring
+/// (GET_VRING_BASE), starts it again over the same memory, and the new driver posts a GETATTR
+/// on the very descriptor the SETLKW used. The dead request neither reads its arguments from
+/// the new boot's memory nor, once the lock is granted, writes anything into the new ring: the
+/// new ring's used index counts only the GETATTR.
+#[test]
+fn hostile_answers_of_a_stopped_ring_never_reach_the_restarted_one() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(2, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    fs.hold_lock();
+    let waiting = driver.submit(&held_lock_request(81), 64);
+    kick(&backend, &vring, 1);
+    // The SETLKW is on a worker, waiting. The guest reboots: the ring stops...
+    vring.set_queue_ready(false);
+    // ... and its new driver sets the rings up again in the same memory, from index 0.
+    let dropped = crate::metrics::global().dropped_answers();
+    let mut reborn = Driver::new(&gm);
+    gm.write_obj(0u16, reborn.mq.avail_addr().unchecked_add(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    gm.write_obj(0u16, reborn.mq.used_addr().unchecked_add(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    vring.set_queue_next_avail(0);
+    vring.set_queue_next_used(0);
+    vring.set_queue_ready(true);
+    let getattr = reborn.submit(
+        &request(FUSE_GETATTR, 82, ROOT_ID, GetattrIn::default()),
+        256,
+    );
+    assert_eq!(reborn.used_idx(), 0);
+    kick(&backend, &vring, 1);
+    wait_used(&reborn, 1);
+    assert_eq!(reborn.used(0).0, 0, "the GETATTR took descriptor 0 again");
+    // The old lock is granted now; the dead request must not be answered.
+    fs.release_lock();
+    assert!(backend.close_and_drain(Duration::from_secs(10)));
+    assert_eq!(
+        reborn.used_idx(),
+        1,
+        "the previous boot's SETLKW was answered in the new ring"
+    );
+    let out: OutHeader = reborn.read(getattr);
+    assert_eq!((out.error, out.unique), (0, 82));
+    let _ = waiting;
+    assert_eq!(crate::metrics::global().dropped_answers(), dropped + 1);
+}
