@@ -87,7 +87,9 @@ impl CephFs {
             }
             f.file.flock(op, owner)?;
             if sleep && op != libc::LOCK_UN {
-                self.after_lock_wait(&f, uid, || f.file.flock(libc::LOCK_UN, owner))?;
+                self.after_lock_wait(&f, inode, handle, uid, || {
+                    f.file.flock(libc::LOCK_UN, owner)
+                })?;
             }
             return Ok(());
         }
@@ -99,25 +101,40 @@ impl CephFs {
                 l_type: F_UNLCK,
                 ..fl
             };
-            self.after_lock_wait(&f, uid, || f.file.setlk(&unlock, owner, false))?;
+            self.after_lock_wait(&f, inode, handle, uid, || {
+                f.file.setlk(&unlock, owner, false)
+            })?;
         }
         Ok(())
     }
 
     /// A lock granted after waiting (SETLKW, a blocking flock) may have waited across a
-    /// quarantine: the gate is asked again, and a lock the guest may no longer have is
-    /// given back (EACCES).
+    /// quarantine, or across the end of the guest's session (a reboot: its next FUSE_INIT
+    /// closed the handle the wait was made on, and nobody will unlock for the dead boot): the
+    /// gate is asked again and the handle looked up again, and a lock the guest may no longer
+    /// have is given back (EACCES, EBADF).
     fn after_lock_wait(
         &self,
-        f: &OpenFile,
+        f: &Arc<OpenFile>,
+        inode: u64,
+        handle: u64,
         uid: GuestUid,
         unlock: impl FnOnce() -> Result<(), ceph_client::CephError>,
     ) -> io::Result<()> {
-        match self.gate(self.domain_of(&f.node), "lock", uid) {
+        let still_open = self
+            .handles
+            .get(inode, handle)
+            .is_ok_and(|h| matches!(&h.handle, Handle::File(g) if Arc::ptr_eq(g, f)));
+        let allowed = if still_open {
+            self.gate(self.domain_of(&f.node), "lock", uid)
+        } else {
+            Err(errno(libc::EBADF))
+        };
+        match allowed {
             Ok(()) => Ok(()),
             Err(e) => {
                 if let Err(u) = unlock() {
-                    tracing::warn!(%u, "giving back a lock granted after a quarantine");
+                    tracing::warn!(%u, "giving back a lock granted after a quarantine or after its session ended");
                 }
                 Err(e)
             }

@@ -180,6 +180,8 @@ pub struct CephFs {
     nodes_refound: AtomicU64,
     /// A request is trimming the node table (one at a time; the others go on).
     trimming: AtomicBool,
+    /// The guest's FUSE session is open: INIT came and no DESTROY since.
+    session: AtomicBool,
     /// Short second sessions, for renames over hard links.
     side: side::SideClient,
     /// The snapshot directory's name (libcephfs's `client_snapdir`).
@@ -287,6 +289,7 @@ impl CephFs {
             nodes_released: AtomicU64::new(0),
             nodes_refound: AtomicU64::new(0),
             trimming: AtomicBool::new(false),
+            session: AtomicBool::new(false),
             migration: state::Migration::default(),
             recovery: recover::Recovery::default(),
             #[cfg(libcephfs_nonblocking)]
@@ -340,6 +343,13 @@ impl CephFs {
     /// Handle table size (for metrics and tests).
     pub fn handle_count(&self) -> usize {
         self.handles.len()
+    }
+
+    /// Drop every node and handle the guest was given (closing a handle gives back the locks
+    /// taken through it).
+    fn end_session(&self) {
+        self.handles.clear();
+        self.nodes.clear();
     }
 
     /// The current CephFS session.
@@ -451,13 +461,24 @@ impl FileSystem for CephFs {
         let on = self.cfg.killpriv_v2 && capable.contains(FsOptions::HANDLE_KILLPRIV_V2);
         self.killpriv.store(on, Ordering::Relaxed);
         self.migration.note_init(capable);
+        // A guest that rebooted (or reset its driver) sends no DESTROY: the INIT of its new
+        // session ends the old one, whose nodes, handles and locks nobody will give back.
+        if self.session.swap(true, Ordering::AcqRel) {
+            tracing::info!(
+                nodes = self.nodes.len(),
+                handles = self.handles.len(),
+                "A new FUSE session begins before the last one ended (guest reboot or reset): \
+                 its nodes, handles and locks are released"
+            );
+            self.end_session();
+        }
         tracing::info!(killpriv_v2 = on, cache = %self.cfg.cache, "FUSE session starts");
         Ok(want)
     }
 
     fn destroy(&self) {
-        self.handles.clear();
-        self.nodes.clear();
+        self.session.store(false, Ordering::Release);
+        self.end_session();
     }
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
