@@ -60,6 +60,13 @@ struct Cli {
     /// Requests of each kind sent before counting starts (caches, allocator, worker threads).
     #[arg(long, default_value_t = 300)]
     warmup: usize,
+    /// Microseconds to wait after each answer before the next request. The daemon then has
+    /// gone back to sleep on its kick: every request takes the same path (a kick, a wake-up,
+    /// one request, notifications on again), whatever the daemon's speed under valgrind.
+    /// Without the gap, how many requests one wake-up drains depends on timing, and so do the
+    /// counts (by 10 % seen).
+    #[arg(long, default_value_t = 1000)]
+    gap_us: u64,
     /// Where the callgrind output, the socket and the daemon's log go (made if missing).
     #[arg(long)]
     work_dir: PathBuf,
@@ -467,14 +474,17 @@ fn run(cli: &Cli) -> Result<bool, CostError> {
     };
     let fix = fixture(&mut session, ctx)?;
     for (i, kind) in kinds.iter().enumerate() {
+        let gap = Duration::from_micros(cli.gap_us);
         for _ in 0..cli.warmup {
             one(&mut session, ctx, &fix, *kind)?;
+            std::thread::sleep(gap);
         }
         // The last reply may reach us before the daemon has left handle_event.
         std::thread::sleep(Duration::from_millis(200));
         daemon.control("-z")?;
         for _ in 0..cli.requests {
             one(&mut session, ctx, &fix, *kind)?;
+            std::thread::sleep(gap);
         }
         std::thread::sleep(Duration::from_millis(200));
         daemon.control(&format!("--dump={}", kind.name()))?;
