@@ -597,7 +597,8 @@ where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
     let Private { request, reply, .. } = p;
-    request.resize(r.readable_len, 0);
+    // The buffers only grow (never zeroed again: every byte used is written first).
+    let request = grown(request, r.readable_len);
     let head = size_of::<InHeader>();
     // The header as walked (the guest may have rewritten it since), then the rest.
     if let Some(h) = request.get_mut(..head) {
@@ -616,7 +617,7 @@ where
             };
         }
     }
-    reply.resize(r.writable_len, 0);
+    let reply = grown(reply, r.writable_len);
     let served = server.serve_copied(header, request, reply, trip.queue, trip.start);
     let used = served.written.map_err(ChainError::Server).and_then(|n| {
         let out = reply.get(..n).unwrap_or(&[]);
@@ -630,6 +631,14 @@ where
         used,
         took: Some(served.took),
     }
+}
+
+/// The first `len` bytes of `buf`, grown (zeroed) to hold them if it is shorter.
+fn grown(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    buf.get_mut(..len).unwrap_or(&mut [])
 }
 
 /// A request for fuse-backend-rs: the private chain (see the module documentation).
