@@ -446,9 +446,10 @@ impl CephFs {
         // looked up first for libcephfs too: a rename of a name that does not exist can leave
         // its dentry marked as being renamed, and every later lookup of the name then waits
         // forever (ceph-client/tests/quirks.rs).
-        let (_, from) =
-            self.mount()
-                .lookup(&*self.inode(&old)?, oldname, CEPH_STATX_INO, 0, &perm)?;
+        let want = CEPH_STATX_INO | CEPH_STATX_MODE | CEPH_STATX_NLINK;
+        let (_, from) = self
+            .mount()
+            .lookup(&*self.inode(&old)?, oldname, want, 0, &perm)?;
         match flags {
             // POSIX: a rename between two links of one file (or of a name onto itself) does
             // nothing. Linux's VFS checks it before asking the filesystem, but a guest whose
@@ -463,6 +464,7 @@ impl CephFs {
                             .rename(old.vino.ino, oldname, new.vino.ino, newname, &perm)
                     {
                         r?;
+                        self.renamed(&old, oldname, &new, newname, &from);
                         self.after_rename(&old, &new);
                         return Ok(());
                     }
@@ -492,9 +494,34 @@ impl CephFs {
             newname,
             &perm,
         )?;
+        self.renamed(&old, oldname, &new, newname, &from);
         self.after_rename(&old, &new);
         self.forget_stale_source(&old, oldname, from.stx_ino, &perm);
         Ok(())
+    }
+
+    /// After the guest renamed `oldname` in `old` (the inode `from`) to `newname` in `new`:
+    /// the moved node, if the guest holds it, is found at its new name from now on, in the
+    /// domain of its new place. The guest's kernel moves its dentry and sends no LOOKUP, and
+    /// its open descriptors and cwd never walk the new name: left at the old one, the link
+    /// would fail at the gate's next change (someone else's quarantine, a subvolume created)
+    /// and deny the guest its own files. A node the rename replaced keeps its names; the one
+    /// it lost no longer holds, and the derivation goes on through its others or, with no
+    /// link left, stays where it was (see `derive_domain`).
+    fn renamed(&self, old: &Node, oldname: &CStr, new: &Arc<Node>, newname: &CStr, from: &Statx) {
+        let Some(node) = self.nodes.find(vino_of(from)) else {
+            return;
+        };
+        node.renamed(
+            old.id,
+            oldname,
+            Link {
+                parent: new.clone(),
+                name: newname.to_owned(),
+            },
+        );
+        let (d, generation) = self.child_domain(new, from);
+        node.set_domain(d, generation);
     }
 
     /// After a rename through the main session: libcephfs 16 has been seen to keep the source
@@ -562,10 +589,19 @@ impl CephFs {
         }
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
+        let inode = self.inode(&node)?;
         self.mount()
-            .link(&*self.inode(&node)?, &*self.inode(&parent)?, newname, &perm)?;
-        let st = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
-        self.same_entry(&node, &st)
+            .link(&inode, &*self.inode(&parent)?, newname, &perm)?;
+        let st = self.mount().getattr(&inode, WANT, 0, &perm)?;
+        // The new name is one more the node keeps (it may outlive the one it was found by).
+        self.child_entry(
+            &parent,
+            newname.to_bytes(),
+            inode.try_clone()?,
+            &st,
+            "link",
+            None,
+        )
     }
 }
 
