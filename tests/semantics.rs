@@ -166,6 +166,93 @@ fn direct_writes_are_seen_by_buffered_reads() {
     same(&buf, &mid, "another client reads the direct write");
 }
 
+/// WRITE data whose reading runs something else first: a guest's request on another queue,
+/// served between the moment the WRITE chose its path and the moment it wrote.
+struct Interleaved<'a> {
+    data: Payload,
+    meanwhile: Option<Box<dyn FnOnce() + 'a>>,
+}
+
+impl std::io::Read for Interleaved<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.data.read(buf)
+    }
+}
+
+impl fuse_backend_rs::api::filesystem::ZeroCopyReader for Interleaved<'_> {
+    fn read_to(
+        &mut self,
+        f: &mut dyn fuse_backend_rs::file_traits::FileReadWriteVolatile,
+        count: usize,
+        off: u64,
+    ) -> std::io::Result<usize> {
+        if let Some(run) = self.meanwhile.take() {
+            run();
+        }
+        self.data.read_to(f, count, off)
+    }
+}
+
+/// The first buffered READ of a file racing an O_DIRECT WRITE through a write-only descriptor
+/// (review of f9264a9, finding 4): the WRITE chose libcephfs's direct path (no buffered I/O of
+/// the inode yet), the READ, on another queue, marked the inode and cached the old bytes, and
+/// the WRITE, having reached the OSDs, then read its range back to put it in the cache,
+/// through the guest's write-only handle: EBADF for data already written, and the reader's
+/// cache left stale. The READ is run at the point of the race (after the WRITE's routing,
+/// before its data moves), so the interleaving is the same every run.
+#[test]
+fn a_direct_write_through_a_write_only_handle_racing_a_first_buffered_read() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-odirect-race");
+    let root = ctx(0, 0);
+    let (ino, created) = create_as(&fs, &root, 1, &c("f"), 0o666);
+    release(&fs, ino, created);
+    let direct = open(&fs, ino, libc::O_WRONLY | libc::O_DIRECT);
+    let old = bytes(1, 64 << 10);
+    write(&fs, ino, direct, 0, &old);
+    let buffered = open(&fs, ino, libc::O_RDONLY);
+    let new = bytes(2, 8 << 10);
+    let seen = std::cell::RefCell::new(Vec::new());
+    let mut data = Interleaved {
+        data: Payload(new.clone()),
+        meanwhile: Some(Box::new(|| {
+            *seen.borrow_mut() = read(&fs, ino, buffered, 0, old.len());
+        })),
+    };
+    let r = fs.write(
+        &root,
+        ino,
+        direct,
+        &mut data,
+        new.len() as u32,
+        0,
+        None,
+        false,
+        0,
+        0,
+    );
+    same(&seen.borrow(), &old, "the racing buffered read");
+    let mut failed = Vec::new();
+    match r {
+        Ok(n) if n == new.len() => {}
+        r => failed.push(format!(
+            "the O_DIRECT WRITE through a write-only handle: {r:?}"
+        )),
+    }
+    let stale = |got: &[u8]| got.get(..new.len()) != Some(&new[..]);
+    if stale(&read(&fs, ino, buffered, 0, new.len())) {
+        failed.push("the buffered reader reads the old bytes".into());
+    }
+    let m = lab.ceph();
+    let dir = common::ceph_dir(&m, &format!("sem-odirect-race-{}", std::process::id()));
+    if stale(&common::ceph_read_all(&m, &dir, "f")) {
+        failed.push("another client reads the old bytes".into());
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    release(&fs, ino, direct);
+    release(&fs, ino, buffered);
+}
+
 /// The daemon sends O_DIRECT writes through libcephfs's cache only for inodes whose data the
 /// cache may hold (those with buffered I/O); the others take libcephfs's direct path. Both
 /// must stay right when the guest's node of the file is forgotten in between (drop_caches),
