@@ -980,6 +980,74 @@ fn writes_kill_only_the_privilege_bits() {
     }
 }
 
+/// A WRITE by a caller other than root clears setuid (and setgid with group-exec) whether or
+/// not the guest flagged it (review of f9264a9, finding 10). The flag is the guest kernel's
+/// report that the writer lacks CAP_FSETID; a hostile guest leaves it off, and with root
+/// squashed or mapped it is never the caller's to waive: FALLOCATE and COPY_FILE_RANGE already
+/// take every non-root caller as flagged. Root (CAP_FSETID, as the guest's kernel would have
+/// flagged it otherwise) keeps the bits. libcephfs 16 clears the bits itself on a write by
+/// anyone but the owner (so another id's setuid file was never kept: not a hole there), but
+/// not on the owner's: before, the owner's unflagged writes kept them.
+#[test]
+fn hostile_unflagged_writes_by_non_root_callers_kill_setuid() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-write-unflagged");
+    let root = ctx(0, 0);
+    let owner = ctx(2000, 2000);
+    let writer = ctx(1000, 1000);
+    let mut failed = Vec::new();
+    for (i, (who, name, mode, after)) in [
+        (&writer, "a non-root writer", 0o4777, 0o0777),
+        (&writer, "a non-root writer", 0o6777, 0o0777),
+        (&writer, "a non-root writer", 0o2777, 0o0777),
+        (&writer, "a non-root writer", 0o4666, 0o0666),
+        (&owner, "the owner", 0o4700, 0o0700),
+        (&owner, "the owner", 0o6750, 0o0750),
+        (&owner, "the owner", 0o4600, 0o0600),
+        (&root, "root", 0o4777, 0o4777),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = format!("f{i}");
+        let (ino, fh) = create_as(&fs, &owner, 1, &c(&file), 0o666);
+        release(&fs, ino, fh);
+        let mut attr = stat(&fs, ino);
+        attr.st_mode = libc::S_IFREG | mode;
+        fs.setattr(&root, ino, attr, None, SetattrValid::MODE)
+            .unwrap();
+        let fh = fs
+            .open(who, ino, libc::O_RDWR as u32, 0)
+            .unwrap()
+            .0
+            .unwrap();
+        let data = bytes(4, 100);
+        let n = fs
+            .write(
+                who,
+                ino,
+                fh,
+                &mut Payload(data.clone()),
+                data.len() as u32,
+                0,
+                None,
+                false,
+                0,
+                0,
+            )
+            .unwrap();
+        assert_eq!(n, data.len());
+        release(&fs, ino, fh);
+        let got = stat(&fs, ino).st_mode & 0o7777;
+        if got != after {
+            failed.push(format!(
+                "unflagged write by {name} to a {mode:o} file: {got:o}, not {after:o}"
+            ));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 /// No entry takes the snapshot directory's name. The MDS makes a real `.snap` entry when asked
 /// (MKDIR, RENAME onto it), and from then on every client's lookup of the name answers with the
 /// virtual snapshot directory: the entry and everything under it are hidden from all clients,

@@ -88,7 +88,9 @@ impl CephFs {
     }
 
     /// What a WRITE does before it writes, on either path (blocking here, `fs::aio`): the
-    /// range, the handle, and the kill of suid/sgid (KILLPRIV_V2).
+    /// range, the handle, and the kill of suid/sgid (KILLPRIV_V2). The guest's kill flag says
+    /// its kernel found the writer without CAP_FSETID; a caller other than root is taken to
+    /// lack it whatever the flag says (a hostile guest leaves it off), as for FALLOCATE.
     pub(super) fn write_start(
         &self,
         ctx: &Caller,
@@ -105,7 +107,7 @@ impl CephFs {
             self.kill_privs(
                 &node,
                 Trigger::Write,
-                fuse_flags & WRITE_KILL_PRIV != 0,
+                fuse_flags & WRITE_KILL_PRIV != 0 || !ctx.host_uid().is_root(),
                 &self.perm(ctx),
             )?;
         }
