@@ -463,6 +463,84 @@ fn hostile_snapshots_hidden_has_no_snap_directory() {
     assert!(!names.iter().any(|n| n == ".snap"), "{names:?}");
 }
 
+/// `--snapshots hidden` never enters a `.snap` node, not even for a moment (review of f9264a9,
+/// finding 8). Before, the lookup entered the node, then forgot it: while it was in the table
+/// its id (the next allocated one, predictable) led into the snapshots from another queue, and
+/// with the node table full the lookup answered ENFILE (a refusal counted) where the name does
+/// not exist. Both are asked: the full table deterministically, the race by trying.
+#[test]
+fn hostile_snapshots_hidden_enters_no_snap_node_even_for_a_moment() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let s = setup(
+        "snaphid-race",
+        FsConfig {
+            snapshots: SnapshotPolicy::Hidden,
+            ..FsConfig::default()
+        },
+    );
+    operator_snapshot(&s, "ops");
+    let root = ctx(0, 0);
+    // The race: one queue looks `.snap` up again and again, another looks "ops" up in the
+    // node ids the next lookups would get (allocated ids count up from ALLOCATED_BIT | 2).
+    const ROUNDS: u64 = 20000;
+    let done = AtomicBool::new(false);
+    let tried = AtomicU64::new(0);
+    let escaped = std::thread::scope(|sc| {
+        let guesser = sc.spawn(|| {
+            let mut escaped = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let next = tried.load(Ordering::Relaxed);
+                for id in (next..next + 1).map(|k| 1u64 << 63 | (2 + k)) {
+                    if let Ok(e) = s.fs.lookup(&root, id, c"ops") {
+                        escaped.push(e.inode);
+                    }
+                }
+            }
+            escaped
+        });
+        for i in 0..ROUNDS {
+            match s.lookup(&root, ROOT, ".snap") {
+                Ok(0) => {}
+                Ok(n) => panic!(".snap is visible: node {n}"),
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOENT)),
+            }
+            tried.store(i + 1, Ordering::Relaxed);
+        }
+        done.store(true, Ordering::Relaxed);
+        guesser.join().unwrap()
+    });
+    // A full node table: the hidden name is still just not there.
+    let full = setup(
+        "snaphid-full",
+        FsConfig {
+            snapshots: SnapshotPolicy::Hidden,
+            max_nodes: 1,
+            ..FsConfig::default()
+        },
+    );
+    operator_snapshot(&full, "ops");
+    let at_limit = full.lookup(&root, ROOT, ".snap");
+    let mut failed = Vec::new();
+    if !escaped.is_empty() {
+        failed.push(format!(
+            "snapshot roots reached through a hidden .snap's node id in {ROUNDS} rounds: {}",
+            escaped.len()
+        ));
+    }
+    match at_limit {
+        Ok(0) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        r => failed.push(format!("a hidden .snap with the node table full: {r:?}")),
+    }
+    if full.fs.limit_refusals() != (0, 0) {
+        failed.push(format!(
+            "refusals at the node limit counted: {:?}",
+            full.fs.limit_refusals()
+        ));
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 // ---- device nodes and privileged xattrs -------------------------------------------------
 
 #[test]

@@ -53,6 +53,11 @@ impl CephFs {
         gate: Option<(&'static str, GuestUid)>,
     ) -> io::Result<Entry> {
         let vino = vino_of(st);
+        // Snapshot policy `hidden`: a `.snap` directory does not exist, and never enters the
+        // table, not even for a moment (its node id would lead into the snapshots).
+        if vino.snapid == CEPH_SNAPDIR && !self.cfg.snapshots.visible() {
+            return Err(errno(libc::ENOENT));
+        }
         if !is_child(parent.vino, vino) {
             tracing::warn!(
                 parent = ?parent.vino,
@@ -116,21 +121,6 @@ impl CephFs {
             return Err(errno(libc::EROFS));
         }
         Ok(())
-    }
-
-    /// Snapshot policy `hidden`: an entry that is a `.snap` directory does not exist (its
-    /// lookup count is given back).
-    fn snapdir_visible(&self, e: Entry) -> io::Result<Entry> {
-        if self.cfg.snapshots.visible() || e.inode == 0 {
-            return Ok(e);
-        }
-        match self.nodes.get(e.inode) {
-            Some(n) if n.vino.snapid == CEPH_SNAPDIR => {
-                self.nodes.forget(e.inode, 1);
-                Err(errno(libc::ENOENT))
-            }
-            _ => Ok(e),
-        }
     }
 
     pub(super) fn entry_for(&self, node: &Node, st: &Statx) -> Entry {
@@ -212,6 +202,11 @@ impl CephFs {
         // ".." never reaches libcephfs from the guest: see `lookup_parent`.
         if bytes == b".." {
             return self.lookup_parent(parent, ctx);
+        }
+        // Snapshot policy `hidden`: the snapshot directory's name is not there; libcephfs is
+        // not asked (see `child_entry`).
+        if bytes == &*self.snapdir && !self.cfg.snapshots.visible() {
+            return Err(errno(libc::ENOENT));
         }
         let (inode, st) = self
             .mount()
@@ -299,10 +294,7 @@ impl CephFs {
     pub(super) fn do_lookup(&self, ctx: &Caller, parent: u64, name: &CStr) -> io::Result<Entry> {
         names::check_name(name, Use::Lookup).map_err(errno)?;
         let parent = self.dir_op(parent, "lookup", ctx)?;
-        match self
-            .lookup_name(&parent, name, ctx)
-            .and_then(|e| self.snapdir_visible(e))
-        {
+        match self.lookup_name(&parent, name, ctx) {
             // A negative entry lets the guest cache "not there" for as long as a positive one.
             Err(e)
                 if e.raw_os_error() == Some(libc::ENOENT) && self.cfg.cache != CacheMode::Never =>
