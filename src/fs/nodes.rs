@@ -21,8 +21,12 @@
 //! it has a reference on (about 1.9 KiB each with its dentry and caps). The table keeps at most
 //! a set number of references ([`NodeTable::trim`], second chance over a used bit); a node
 //! whose reference was released keeps its vino and finds its inode again on its next use
-//! ([`Node::inode_or_else`]: libcephfs's cache, or one MDS round trip). The export root and
-//! snapshot inodes always keep theirs (a snapshot inode cannot be found again by number alone).
+//! ([`Node::inode_or_else`]: libcephfs's cache, or one MDS round trip; a `.snap` directory or a
+//! snapshot inode, which cannot be found by number alone, by its names again from the nearest
+//! ancestor at hand). Only the export root always keeps its reference. A node that leaves the
+//! table gives its reference up at once and keeps none it finds again afterwards (a request
+//! using it, or a child's link walked up, holds its own for the time it needs it), so the
+//! references held are the table's, which a trim can always release.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -74,16 +78,18 @@ pub struct Node<T> {
     /// there), and the chain quarantine domains are derived along, each link confirmed by a
     /// lookup of its name. A file with hard links also keeps the other names it was found by
     /// lately (see [`Names`]), so that unlinking one of them leaves it a name that holds.
-    /// Holding the parent keeps its libcephfs reference, as libcephfs's dentry would. Cold
-    /// paths only.
+    /// Holding the parent keeps the parent node (which, once the guest forgot it, keeps no
+    /// libcephfs reference: see the module doc). Cold paths only.
     link: Mutex<Names<T>>,
     /// The libcephfs reference, when held (see the module doc). Locked only to clone, fill or
     /// take the `Arc`, never across a call into libcephfs.
     inode: Mutex<Option<Arc<T>>>,
     /// Used since the last trim sweep passed it (second chance).
     used: AtomicBool,
-    /// Never releases its reference: the export root and snapshot inodes.
+    /// Never releases its reference: the export root.
     pinned: bool,
+    /// In the table (cleared when it leaves it): only then is a reference found kept.
+    in_table: AtomicBool,
     /// The table's count of held references (shared: a node can outlive its table entry).
     held: Arc<AtomicUsize>,
     lookups: AtomicU64,
@@ -267,11 +273,13 @@ impl<T> Node<T> {
     }
 
     /// Keep `inode` as the node's reference unless it holds one already; the one kept. A
-    /// reference not kept is released by the caller, outside the lock.
+    /// reference not kept is released by the caller, outside the lock. A node out of the
+    /// table keeps none: `inode` is only handed back.
     fn fill(&self, inode: Arc<T>) -> Arc<T> {
         let mut slot = self.inode.lock().unwrap_or_else(|e| e.into_inner());
         match &*slot {
             Some(held) => held.clone(),
+            None if !self.in_table.load(Ordering::Acquire) => inode,
             None => {
                 self.held.fetch_add(1, Ordering::Relaxed);
                 *slot = Some(inode.clone());
@@ -357,7 +365,8 @@ impl<T> NewNode<T> {
             link: Mutex::new(Names::one(self.link)),
             inode: Mutex::new(Some(Arc::new(self.inode))),
             used: AtomicBool::new(true),
-            pinned: id == ROOT_ID || self.vino.snapid != NOSNAP,
+            pinned: id == ROOT_ID,
+            in_table: AtomicBool::new(true),
             held: held.clone(),
             lookups: AtomicU64::new(lookups),
         })
@@ -524,7 +533,9 @@ impl<T> NodeTable<T> {
             n.lookups.store(left, Ordering::Relaxed);
             if left == 0 {
                 self.count.fetch_sub(1, Ordering::Relaxed);
-                shard.remove(&id)
+                shard
+                    .remove(&id)
+                    .inspect(|n| n.in_table.store(false, Ordering::Release))
             } else {
                 None
             }
@@ -532,8 +543,12 @@ impl<T> NodeTable<T> {
         if let (Some(node), Some(mut rev)) = (&removed, rev) {
             rev.remove(&node.vino);
         }
-        // `removed` drops here, outside every lock: releasing the libcephfs reference may take
-        // libcephfs's client_lock.
+        // Outside every lock (releasing the libcephfs reference may take libcephfs's
+        // client_lock): a node still linked to by a child, or used by a request, gives its
+        // reference up now.
+        if let Some(node) = removed {
+            node.release();
+        }
     }
 
     /// Every node but the root (migration: the device is stopped, nothing changes the table).
@@ -682,12 +697,17 @@ impl<T> NodeTable<T> {
                 let mut s = s.write().unwrap_or_else(|e| e.into_inner());
                 let ids: Vec<u64> = s.keys().copied().filter(|&id| id != ROOT_ID).collect();
                 dropped.extend(ids.iter().filter_map(|id| s.remove(id)));
+                for n in &dropped {
+                    n.in_table.store(false, Ordering::Release);
+                }
             }
             rev.clear();
             self.count.store(1, Ordering::Relaxed);
         }
         // The references are released here, outside every lock.
-        drop(dropped);
+        for n in dropped {
+            n.release();
+        }
     }
 }
 
@@ -1097,27 +1117,28 @@ mod tests {
     }
 
     #[test]
-    fn the_root_and_snapshots_keep_their_references() {
+    fn only_the_root_keeps_its_reference() {
         let d = Arc::new(AtomicU64::new(0));
         let t = table(0x1000, &d);
-        let snap = ins(
-            &t,
-            new(
-                Vino {
-                    ino: 0x2000,
-                    snapid: 7,
-                },
-                &d,
-            ),
-        );
+        let snapshot = |snapid| Vino {
+            ino: 0x2000,
+            snapid,
+        };
+        // A `.snap` directory and a snapshot inode count like any other node (finding 3 of
+        // the review of f9264a9: pinned, they were a way around `--held-inodes`).
+        let snapdir = ins(&t, new(snapshot(u64::MAX), &d));
+        let snap = ins(&t, new(snapshot(7), &d));
         let head_node = ins(&t, new(head(0x2000), &d));
-        assert_eq!(t.trim(0), 1, "only the head inode can go");
-        assert!(snap.holds_inode() && t.get(ROOT_ID).unwrap().holds_inode());
-        assert!(!head_node.holds_inode());
+        assert_eq!(t.trim(0), 3, "everything but the root goes");
+        assert!(t.get(ROOT_ID).unwrap().holds_inode());
+        assert!(!head_node.holds_inode() && !snap.holds_inode() && !snapdir.holds_inode());
         assert!(!t.release_vino(head(0x1000)), "the root is pinned");
-        assert!(!t.release_vino(snap.vino), "a snapshot is pinned");
-        assert!(!snap.release());
-        assert_eq!(t.held(), 2);
+        assert_eq!(t.held(), 1);
+        // Found again, a snapshot inode is released by a recall like the others.
+        snap.inode_or_else(|_| Ok::<_, i32>(Ref(d.clone())))
+            .unwrap();
+        assert!(t.release_vino(snap.vino));
+        assert_eq!(t.held(), 1);
     }
 
     #[test]
@@ -1161,9 +1182,23 @@ mod tests {
         let a = ins(&t, new(head(0x10), &d));
         ins(&t, new(head(0x11), &d));
         assert_eq!(t.held(), 3);
-        // A request still uses `a` when the guest forgets it: counted until the request ends.
+        // A request still uses `a` when the guest forgets it: the node gives its reference up
+        // at once (the request holds its own for as long as it needs it), and keeps none it
+        // finds again.
+        let used = a.inode().unwrap();
         t.forget(0x10, 1);
-        assert_eq!(t.held(), 3);
+        assert_eq!(t.held(), 2);
+        assert_eq!(
+            d.load(Ordering::Relaxed),
+            0,
+            "the request's reference lives on"
+        );
+        drop(used);
+        assert_eq!(d.load(Ordering::Relaxed), 1);
+        let again = a.inode_or_else(|_| Ok::<_, i32>(Ref(d.clone()))).unwrap();
+        assert!(!a.holds_inode(), "out of the table, a node keeps nothing");
+        assert_eq!(t.held(), 2);
+        drop(again);
         drop(a);
         assert_eq!(t.held(), 2);
         // A released node leaving the table leaves the count alone.
@@ -1173,7 +1208,7 @@ mod tests {
         assert_eq!(t.held(), 1);
         t.clear();
         assert_eq!(t.held(), 1, "the root stays");
-        assert_eq!(d.load(Ordering::Relaxed), 2);
+        assert_eq!(d.load(Ordering::Relaxed), 3);
     }
 
     #[test]
