@@ -88,7 +88,9 @@ impl CephFs {
     }
 
     /// What a WRITE does before it writes, on either path (blocking here, `fs::aio`): the
-    /// range, the handle, and the kill of suid/sgid (KILLPRIV_V2).
+    /// range, the handle, and the kill of suid/sgid (KILLPRIV_V2). The guest's kill flag says
+    /// its kernel found the writer without CAP_FSETID; a caller other than root is taken to
+    /// lack it whatever the flag says (a hostile guest leaves it off), as for FALLOCATE.
     pub(super) fn write_start(
         &self,
         ctx: &Caller,
@@ -105,7 +107,7 @@ impl CephFs {
             self.kill_privs(
                 &node,
                 Trigger::Write,
-                fuse_flags & WRITE_KILL_PRIV != 0,
+                fuse_flags & WRITE_KILL_PRIV != 0 || !ctx.host_uid().is_root(),
                 &self.perm(ctx),
             )?;
         }
@@ -261,7 +263,11 @@ impl CephFs {
     /// After a write that bypassed libcephfs's cache: if buffered I/O of the inode began while
     /// it ran, the cache may have read the old bytes of the range meanwhile. Write the range
     /// again through the cache, as read back from the OSDs (rare: a buffered reader racing a
-    /// direct writer of the same file).
+    /// direct writer of the same file). The read-back bypasses the cache too (O_DIRECT): the
+    /// guest's handle if it can read, else one opened for it as root (the guest's may be
+    /// write-only, and libcephfs answers a read through it EBADF: the WRITE, already on the
+    /// OSDs, was answered EBADF and the cache kept the old bytes). The caller's open already
+    /// allowed writing these bytes; reading back what it wrote gives the guest nothing.
     pub(super) fn after_direct_write(&self, f: &OpenFile, off: u64, len: usize) -> io::Result<()> {
         let Some(twin) = &f.writer else {
             return Ok(());
@@ -270,7 +276,16 @@ impl CephFs {
             return Ok(());
         }
         let mut buf = vec![0u8; len];
-        let n = f.file.read(off, &mut buf)?;
+        let n = if f.oflags & libc::O_ACCMODE == libc::O_RDWR {
+            f.file.read(off, &mut buf)?
+        } else {
+            let reader = self.mount().open(
+                &f.inode,
+                libc::O_RDONLY | libc::O_DIRECT,
+                &self.perms.root(),
+            )?;
+            reader.read(off, &mut buf)?
+        };
         write_all(twin, off, read_part(&buf, n)?)
     }
 

@@ -42,7 +42,7 @@ mod xattr;
 use arc_swap::ArcSwap;
 use std::ffi::{CStr, CString};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -182,6 +182,9 @@ pub struct CephFs {
     trimming: AtomicBool,
     /// The guest's FUSE session is open: INIT came and no DESTROY since.
     session: AtomicBool,
+    /// References held when the last trim ended short of its goal (0 when it reached it): no
+    /// trim before the table holds a sixteenth of the limit more (see `bound_held_inodes`).
+    trim_floor: AtomicUsize,
     /// Short second sessions, for renames over hard links.
     side: side::SideClient,
     /// The snapshot directory's name (libcephfs's `client_snapdir`).
@@ -290,6 +293,7 @@ impl CephFs {
             nodes_refound: AtomicU64::new(0),
             trimming: AtomicBool::new(false),
             session: AtomicBool::new(false),
+            trim_floor: AtomicUsize::new(0),
             migration: state::Migration::default(),
             recovery: recover::Recovery::default(),
             #[cfg(libcephfs_nonblocking)]
@@ -328,15 +332,28 @@ impl CephFs {
 
     /// Keep the references the node table holds within `held_inodes`: over it, the request
     /// that notices trims the table down by a sixteenth of the limit (one request at a time;
-    /// the rest go on). A load of one counter when under the limit.
+    /// the rest go on). A load of two counters when under the limit. Should a trim end short
+    /// of its goal (only the export root is never released, but requests in flight may hold
+    /// what a sweep passes), the next waits until a sixteenth of the limit more is held: a
+    /// table that stays over the limit is not swept whole on every request.
     fn bound_held_inodes(&self) {
         let limit = self.cfg.held_inodes;
-        if self.nodes.held() <= limit || self.trimming.swap(true, Ordering::Acquire) {
+        let held = self.nodes.held();
+        if held <= limit.max(self.trim_floor.load(Ordering::Relaxed))
+            || self.trimming.swap(true, Ordering::Acquire)
+        {
             return;
         }
         let released = self.nodes.trim(limit - limit / 16);
         self.nodes_released
             .fetch_add(len64(released), Ordering::Relaxed);
+        let left = self.nodes.held();
+        let floor = if left > limit {
+            left.saturating_add(limit / 16 + 1)
+        } else {
+            0
+        };
+        self.trim_floor.store(floor, Ordering::Relaxed);
         self.trimming.store(false, Ordering::Release);
     }
 
@@ -381,17 +398,17 @@ impl CephFs {
 
     /// A node's libcephfs inode: the reference it holds, or, if it released it
     /// ([`NodeTable::trim`]), the inode found again by number (libcephfs's cache, else one MDS
-    /// round trip) and held again. An inode gone meanwhile (deleted by another client, and no
-    /// handle keeps it) is ESTALE, as for an id the guest forgot.
+    /// round trip; a snapshot-side node through its names, [`Self::refind_by_names`]) and held
+    /// again. An inode gone meanwhile (deleted by another client, and no handle keeps it) is
+    /// ESTALE, as for an id the guest forgot.
     fn inode(&self, node: &Node) -> io::Result<Arc<Inode>> {
         let mut refound = false;
         let inode = node.inode_or_else(|vino| {
-            if vino.snapid != NOSNAP {
-                // Snapshot nodes never release theirs (nodes): not reached.
-                return Err(errno(libc::ESTALE));
-            }
             refound = true;
             self.nodes_refound.fetch_add(1, Ordering::Relaxed);
+            if vino.snapid != NOSNAP {
+                return self.refind_by_names(node);
+            }
             self.mount()
                 .lookup_inode(vino.ino)
                 .map_err(|e| match e.errno() {
@@ -404,6 +421,63 @@ impl CephFs {
             self.bound_held_inodes();
         }
         Ok(inode)
+    }
+
+    /// The inode of a `.snap` directory or a snapshot inode whose reference was released: these
+    /// cannot be found by number alone, so each is looked up again by the names it was found
+    /// by, down from the nearest ancestor at hand (one holding its reference, or a head
+    /// directory, found by number). A snapshot does not change, so each name leads where it
+    /// led; what it leads to must be the node's own vino (a snapshot removed and made again
+    /// under its name is another), else ESTALE. Ancestors found on the way keep theirs.
+    /// Iterative: a snapshot tree is as deep as the directory it was taken of.
+    fn refind_by_names(&self, node: &Node) -> io::Result<Inode> {
+        let stale = || errno(libc::ESTALE);
+        let root = self.perms.root();
+        // links[k] leads from ancestor k + 1 to ancestor k (ancestor 0 is `node`).
+        let mut links: Vec<Link> = Vec::new();
+        let mut link = node.link().ok_or_else(stale)?;
+        let mut at = loop {
+            let parent = &link.parent;
+            let found = if parent.vino.snapid == NOSNAP {
+                Some(self.inode(parent)?)
+            } else {
+                parent.inode()
+            };
+            if let Some(i) = found {
+                break i;
+            }
+            if links.len() >= PATH_MAX {
+                return Err(stale());
+            }
+            let up = parent.link().ok_or_else(stale)?;
+            links.push(link);
+            link = up;
+        };
+        links.push(link);
+        for k in (0..links.len()).rev() {
+            let name = &links.get(k).ok_or_else(stale)?.name;
+            let (inode, st) = self
+                .mount()
+                .lookup(&at, name, CEPH_STATX_INO, 0, &root)
+                .map_err(|e| match e.errno() {
+                    libc::ENOENT => stale(),
+                    _ => e.into(),
+                })?;
+            let Some(below) = k.checked_sub(1) else {
+                return if vino_of(&st) == node.vino {
+                    Ok(inode)
+                } else {
+                    Err(stale())
+                };
+            };
+            let child = &links.get(below).ok_or_else(stale)?.parent;
+            if vino_of(&st) != child.vino {
+                return Err(stale());
+            }
+            self.nodes_refound.fetch_add(1, Ordering::Relaxed);
+            at = child.inode_or_else(|_| Ok::<_, io::Error>(inode))?;
+        }
+        Err(stale())
     }
 
     /// The caller of a request: where its credentials become CephFS ids (see [`perms`]).
