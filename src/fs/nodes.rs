@@ -157,6 +157,16 @@ impl<T> Names<T> {
     /// `link` becomes the newest name; an older entry of the same name goes, and the oldest
     /// beyond [`MAX_NAMES`]. What was removed is returned, to be dropped outside the lock.
     fn found_at(&mut self, link: Link<T>) -> Vec<Link<T>> {
+        // Found again by the name it was found by last: every LOOKUP and READDIRPLUS entry of
+        // a node the guest holds. Nothing changes and nothing is allocated. (`link`'s parent
+        // is the first name's too, so dropping it here releases no node.)
+        if self
+            .first
+            .as_ref()
+            .is_some_and(|f| f.is(link.parent.id, &link.name))
+        {
+            return Vec::new();
+        }
         let mut all = self.take();
         let (dup, mut kept): (Vec<_>, Vec<_>) = all
             .drain(..)
