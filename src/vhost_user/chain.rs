@@ -51,10 +51,11 @@ use vm_memory::{
 };
 
 use super::ring::Permit;
-use super::{GuestBitmap, MemGuard, Vring};
+use super::{GuestBitmap, GuestMem, MemGuard, Vring};
 use crate::metrics;
 use crate::server::wire::{FUSE_READ, FUSE_WRITE, REPLY_HEAD_LEN};
 use crate::server::{ExtraOps, FuseServer, ServerError};
+use vhost_user_backend::VringState;
 
 /// Where the private region starts: guest physical addresses stay far below (52 bits at most).
 const BASE: u64 = 1 << 62;
@@ -1053,6 +1054,12 @@ pub(super) fn give_back(vring: &Vring, head: u16, used: u32, queue: usize, gener
         );
         return;
     }
+    used_ring(&mut state, head, used, queue);
+}
+
+/// The used-ring end of a trip, for a caller holding the ring's lock: `head` used with `used`
+/// bytes, and the guest notified if it asked to be.
+fn used_ring(state: &mut VringState<GuestMem>, head: u16, used: u32, queue: usize) {
     if let Err(e) = state.add_used(head, used) {
         warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
         return;
@@ -1065,6 +1072,22 @@ pub(super) fn give_back(vring: &Vring, head: u16, used: u32, queue: usize, gener
             }
         }
     }
+}
+
+/// The whole trip of `r` for a caller that holds its ring's lock throughout
+/// (`drain_queue_locked`: the ring cannot stop meanwhile).
+pub(super) fn complete_locked<F>(
+    server: &FuseServer<F>,
+    state: &mut VringState<GuestMem>,
+    mem: &MemGuard,
+    r: &Request,
+    queue: usize,
+) where
+    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+{
+    let outcome = serve(server, mem, r, Live::Locked, queue, Instant::now());
+    let used = used_len(outcome.used, queue, r.head);
+    used_ring(state, r.head, used, queue);
 }
 
 /// Serve `r` and give its chain back: the whole trip, begun at `start`. Never panics on guest

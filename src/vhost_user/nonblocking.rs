@@ -42,7 +42,8 @@ use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::warn;
 
 use super::chain::{self, give_back};
-use super::{Inner, Pending, Vring, HIPRIO_QUEUE};
+use super::queues::Pending;
+use super::{Inner, Vring, HIPRIO_QUEUE};
 use crate::metrics;
 use crate::server::nonblocking::{AsyncRequest, Started};
 use crate::server::wire::{AsyncReply, ExtraOps, FUSE_READ, FUSE_WRITE};

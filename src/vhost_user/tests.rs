@@ -19,7 +19,23 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use super::*;
+use std::fs::File;
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
+
+use super::queues::Dispatch;
+use crate::server::mark_queue_thread;
 use crate::server::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
+use vhost_user_backend::{VhostUserBackend, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use vm_memory::{Address, GuestAddressSpace};
+use vmm_sys_util::epoll::EventSet;
 
 /// FUSE_SETLK (Linux `include/uapi/linux/fuse.h`).
 const FUSE_SETLK: u32 = 32;
@@ -1231,7 +1247,6 @@ fn idle_workers_leave_and_come_back() {
 
 #[test]
 fn data_requests_always_go_to_workers() {
-    use super::Dispatch;
     for op in [15, 16, 20, 30, 43, 47, 50] {
         assert_eq!(Dispatch::of(Some(op)), Dispatch::Blocks, "opcode {op}");
     }
