@@ -93,7 +93,11 @@ pub enum QuarantineAction {
 /// The state is the reserved xattr trusted.ceph-virtiofsd.quarantine on PATH. Subvolumes are
 /// /volumes/<group>/<name> (the parent of `ceph fs subvolume getpath`).
 #[derive(Parser, Debug, Clone)]
-#[command(name = "ceph-virtiofsd quarantine", version)]
+#[command(
+    name = "ceph-virtiofsd quarantine",
+    bin_name = "ceph-virtiofsd quarantine",
+    version
+)]
 pub struct QuarantineArgs {
     #[arg(value_enum)]
     pub action: QuarantineAction,
@@ -163,9 +167,13 @@ pub enum SeccompMode {
 #[derive(Parser, Debug, Default, Clone)]
 #[command(name = "ceph-virtiofsd", version, about, long_about = None)]
 #[command(
+    override_usage = "ceph-virtiofsd [OPTIONS]\n       \
+ceph-virtiofsd quarantine <enable|disable|status> <PATH> [OPTIONS]",
     after_help = "Exit codes: 0 success, 1 runtime failure while serving, \
 2 usage or configuration error, 3 Ceph connection/mount failure.\n\
-RUST_LOG (tracing-subscriber EnvFilter syntax) overrides --log-level."
+RUST_LOG (tracing-subscriber EnvFilter syntax) overrides --log-level.\n\
+Subcommand: `ceph-virtiofsd quarantine enable|disable|status PATH` quarantines a CephFS \
+subvolume for every daemon (see `ceph-virtiofsd quarantine --help`)."
 )]
 pub struct Args {
     /// TOML configuration file (see config/ceph-virtiofsd.toml); command-line options win.

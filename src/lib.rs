@@ -1,6 +1,6 @@
 //! ceph-virtiofsd: a vhost-user virtio-fs daemon whose storage is CephFS through libcephfs.
 //!
-//! Layers, top to bottom (each may not know about the ones above it; README's "Architecture"
+//! Layers, top to bottom (each may not know about the ones above it; docs/architecture.md
 //! has the table of what each may import, `tests/layers.rs` checks it):
 //! - `daemon`: process lifecycle (socket, pid lock, signals, reconnects).
 //! - `args` / `config`: command line and TOML file, validated into [`config::Config`] of plain
@@ -86,5 +86,5 @@ pub fn report(err: &dyn std::error::Error) -> String {
 
 /// The vhost-user capabilities JSON libvirt reads (`--print-capabilities`): `migrate-precopy`
 /// lets libvirt migrate a domain with this file system (device state and dirty-page logging,
-/// README "Live migration").
+/// docs/upgrade-and-migration.md).
 pub const CAPABILITIES_JSON: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"migrate-precopy\",\n    \"separate-options\"\n  ]\n}\n";

@@ -1,4 +1,4 @@
-//! The import layering of `src/` (README, "Architecture"): every `crate::` path in the library's
+//! The import layering of `src/` (docs/architecture.md, "The import layers"): every `crate::` path in the library's
 //! sources must point at a module the importing module may know. A new upward or circular
 //! import fails here with the file and line that makes it.
 //!
@@ -281,7 +281,7 @@ fn no_import_points_up_or_sideways() {
     }
     assert!(
         offences.is_empty(),
-        "{} import(s) against the layering (README, \"Architecture\"; table in tests/layers.rs):\n{}",
+        "{} import(s) against the layering (docs/architecture.md, \"The import layers\"; table in tests/layers.rs):\n{}",
         offences.len(),
         offences.join("\n")
     );
@@ -310,4 +310,64 @@ fn the_scanner_sees_grouped_and_nested_paths() {
     assert_eq!(node_of(&["report".into()]), None);
     assert!(crate_paths(code("//! see `crate::fs`")).is_empty());
     assert!(crate_paths("$crate::fs::X; other_crate::fs::Y").is_empty());
+}
+
+/// docs/architecture.md shows the same table to readers: each module with what it may import.
+/// Rows of what is not a module of `src/` (the ceph-client crate, main.rs, the bench) are
+/// skipped.
+#[test]
+fn the_documented_table_is_this_one() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md");
+    let doc = std::fs::read_to_string(&doc_path).expect("read docs/architecture.md");
+    // The backquoted names of a cell, outside its parenthesised remarks.
+    let backticked = |cell: &str| -> Vec<String> {
+        let mut bare = String::new();
+        let mut depth = 0usize;
+        for c in cell.chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ if depth == 0 => bare.push(c),
+                _ => {}
+            }
+        }
+        bare.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut documented: std::collections::BTreeMap<String, BTreeSet<String>> =
+        std::collections::BTreeMap::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // "| layer | module | may import |": ["", layer, module, may import, ""]
+        let [_, layer, modules, imports, _] = cells.as_slice() else {
+            continue;
+        };
+        if layer.parse::<u32>().is_err() {
+            continue;
+        }
+        let imports: BTreeSet<String> = backticked(imports).into_iter().collect();
+        for m in backticked(modules) {
+            if m.contains('/') || m.contains('.') {
+                continue;
+            }
+            documented.insert(m, imports.clone());
+        }
+    }
+    let table: std::collections::BTreeMap<String, BTreeSet<String>> = LAYERS
+        .iter()
+        .map(|(m, deps)| {
+            (
+                (*m).to_owned(),
+                deps.iter().map(|d| (*d).to_owned()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        documented, table,
+        "the layer table of docs/architecture.md differs from LAYERS in tests/layers.rs: \
+         change both"
+    );
 }

@@ -610,7 +610,7 @@ fn libvirt_runs_the_packaged_domains() {
         log.contains("CephFS unmounted") && log.contains("ceph-virtiofsd stopped"),
         "the daemon libvirt started did not stop cleanly:\n{log}"
     );
-    // What libvirt 11 ran (for the README's notes): the wrapper, with virtiofsd's options.
+    // What libvirt 11 ran (for the notes of docs/libvirt.md): the wrapper, with virtiofsd's options.
     println!("---- daemon log (libvirt's) ----\n{log}");
 
     // --- domain 2: the daemon of the systemd unit, libvirt connects to its socket ---

@@ -343,24 +343,209 @@ fn compat_wrapper_maps_libvirt_and_kata_command_lines() {
 
 const MANPAGE: &str = "packaging/man/ceph-virtiofsd.8";
 
+/// What roff::Roff puts before each rendering: kept once, at the top of a page.
+const ROFF_PREAMBLE: &str = ".ie \\n(.g .ds Aq \\(aq\n.el .ds Aq '\n";
+
+/// One clap_mangen section, without the preamble.
+fn roff_part(render: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> String {
+    let mut buf = Vec::new();
+    render(&mut buf).expect("render man page section");
+    let s = String::from_utf8(buf).expect("roff is UTF-8");
+    s.strip_prefix(ROFF_PREAMBLE).unwrap_or(&s).to_owned()
+}
+
+/// Text for roff: backslashes and hyphens escaped, no line starting with a control character.
+fn roff_text(s: &str) -> String {
+    let s = s.replace('\\', "\\e").replace('-', "\\-");
+    if s.starts_with('.') || s.starts_with('\'') {
+        format!("\\&{s}")
+    } else {
+        s
+    }
+}
+
+/// A template of packaging/man/*.in with its `@NAME@` lines replaced by `parts`.
+fn fill_template(template: &str, parts: &[(&str, String)]) -> String {
+    let text = read(template);
+    let mut out = String::from(ROFF_PREAMBLE);
+    for line in text.lines() {
+        match parts.iter().find(|(k, _)| line.trim() == *k) {
+            Some((_, part)) => out.push_str(part),
+            None => {
+                assert!(
+                    !line.starts_with('@'),
+                    "{template}: {line} is not a part the generator knows"
+                );
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// `@KEYS@` of ceph-virtiofsd.toml(5): the example configuration's tables, keys and comments.
+/// A comment block describes the keys right under it (a table, when a table line follows it);
+/// a key shown commented out (`# key = value`) is one the example leaves unset.
+fn config_keys_roff() -> String {
+    fn key_of(line: &str) -> Option<String> {
+        let (set, rest) = match line.strip_prefix("# ") {
+            Some(r) => (false, r),
+            None => (true, line),
+        };
+        let (k, _) = rest.split_once(" = ")?;
+        let ok = k.starts_with(|c: char| c.is_ascii_lowercase())
+            && k.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        ok.then(|| {
+            if set {
+                format!("\\fB{}\\fR", roff_text(rest))
+            } else {
+                format!("\\fB{}\\fR (unset in the example)", roff_text(rest))
+            }
+        })
+    }
+    fn flush(out: &mut String, keys: &mut Vec<String>, text: &mut Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        out.push_str(".TP\n");
+        out.push_str(&keys.join("\n.br\n"));
+        out.push('\n');
+        out.push_str(&roff_text(&text.join(" ")));
+        out.push('\n');
+        keys.clear();
+        text.clear();
+    }
+    let example = read("config/ceph-virtiofsd.toml");
+    let mut out = String::new();
+    let mut comment: Vec<String> = Vec::new();
+    let mut keys: Vec<String> = Vec::new();
+    let mut text: Vec<String> = Vec::new();
+    let mut in_table = false;
+    for line in example.lines() {
+        let t = line.trim();
+        if let Some(table) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            flush(&mut out, &mut keys, &mut text);
+            out.push_str(&format!(".SS \"[{}]\"\n", roff_text(table)));
+            if in_table && !comment.is_empty() {
+                out.push_str(&format!(".PP\n{}\n", roff_text(&comment.join(" "))));
+            }
+            comment.clear();
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue; // the file's own header
+        }
+        if let Some(key) = key_of(t) {
+            if !comment.is_empty() {
+                flush(&mut out, &mut keys, &mut text);
+                text = std::mem::take(&mut comment);
+            }
+            keys.push(key);
+        } else if let Some(c) = t.strip_prefix('#') {
+            flush(&mut out, &mut keys, &mut text);
+            comment.push(c.trim().to_owned());
+        }
+    }
+    flush(&mut out, &mut keys, &mut text);
+    out
+}
+
+/// The man pages, generated: (path, content).
+fn manpages() -> Vec<(&'static str, String)> {
+    // The daemon: virtiofsd's compatibility options under a heading of their own, with their
+    // help (clap_mangen writes no help for an option hidden from `-h`).
+    let cmd = Args::command().mut_args(|a| {
+        if a.is_hide_short_help_set() {
+            a.hide_short_help(false)
+                .help_heading("VIRTIOFSD COMPATIBILITY OPTIONS")
+        } else {
+            a
+        }
+    });
+    let man = clap_mangen::Man::new(cmd)
+        .section("8")
+        .manual("System Manager's Manual");
+    let daemon = fill_template(
+        "packaging/man/ceph-virtiofsd.8.in",
+        &[
+            ("@TITLE@", roff_part(|w| man.render_title(w))),
+            ("@NAME@", roff_part(|w| man.render_name_section(w))),
+            ("@OPTIONS@", roff_part(|w| man.render_options_section(w))),
+            ("@VERSION@", roff_part(|w| man.render_version_section(w))),
+        ],
+    );
+
+    let qman = clap_mangen::Man::new(ceph_virtiofsd::args::QuarantineArgs::command())
+        .title("ceph-virtiofsd-quarantine")
+        .section("8")
+        .manual("System Manager's Manual");
+    let quarantine = fill_template(
+        "packaging/man/ceph-virtiofsd-quarantine.8.in",
+        &[
+            ("@TITLE@", roff_part(|w| qman.render_title(w))),
+            ("@OPTIONS@", roff_part(|w| qman.render_options_section(w))),
+            ("@VERSION@", roff_part(|w| qman.render_version_section(w))),
+        ],
+    );
+
+    let tman = clap_mangen::Man::new(Args::command())
+        .title("ceph-virtiofsd.toml")
+        .section("5")
+        .manual("File Formats Manual");
+    let toml = fill_template(
+        "packaging/man/ceph-virtiofsd.toml.5.in",
+        &[
+            ("@TITLE@", roff_part(|w| tman.render_title(w))),
+            ("@KEYS@", config_keys_roff()),
+            ("@VERSION@", roff_part(|w| tman.render_version_section(w))),
+        ],
+    );
+    vec![
+        (MANPAGE, daemon),
+        ("packaging/man/ceph-virtiofsd-quarantine.8", quarantine),
+        ("packaging/man/ceph-virtiofsd.toml.5", toml),
+    ]
+}
+
 #[test]
 fn manpage_is_generated_from_the_cli() {
-    let mut buf = Vec::new();
-    clap_mangen::Man::new(Args::command())
-        .section("8")
-        .render(&mut buf)
-        .expect("render man page");
-    let path = top().join(MANPAGE);
-    if std::env::var_os("UPDATE_MANPAGE").is_some() {
-        fs::write(&path, &buf).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    let update = std::env::var_os("UPDATE_MANPAGE").is_some();
+    for (rel, page) in manpages() {
+        let path = top().join(rel);
+        if update {
+            fs::write(&path, &page).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        }
+        let current = fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            current == page,
+            "{rel} is stale (the CLI, the example configuration or the template changed): \
+             regenerate it with `UPDATE_MANPAGE=1 cargo test --test packaging manpage` and \
+             commit it"
+        );
+        let name = Path::new(rel).file_name().unwrap().to_str().unwrap();
+        let section = name.rsplit('.').next().unwrap();
+        assert_eq!(
+            installed(rel),
+            format!("/usr/share/man/man{section}/{name}"),
+            "{rel} is installed where man finds it"
+        );
+        // mandoc, where installed, lints the page.
+        if let Ok(out) = Command::new("mandoc")
+            .args(["-T", "lint", "-W", "warning"])
+            .arg(&path)
+            .output()
+        {
+            assert!(
+                out.status.success(),
+                "mandoc -T lint {rel}:\n{}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+        }
     }
-    let current = fs::read(&path).unwrap_or_default();
-    assert!(
-        current == buf,
-        "{MANPAGE} is stale (the CLI changed): regenerate it with \
-         `UPDATE_MANPAGE=1 cargo test --test packaging manpage` and commit it"
-    );
-    assert_eq!(installed(MANPAGE), "/usr/share/man/man8/ceph-virtiofsd.8");
 }
 
 fn child<'a>(n: roxmltree::Node<'a, 'a>, tag: &str) -> roxmltree::Node<'a, 'a> {

@@ -1,5 +1,5 @@
 //! Linux file semantics the guest is promised, where libcephfs on its own does not give them
-//! (README, "What the guest sees"). Each test is a sequence a guest user runs, sent to the
+//! (docs/semantics.md). Each test is a sequence a guest user runs, sent to the
 //! filesystem layer the way fuse-backend-rs's server sends it, against the real cluster; the
 //! expected result is what a local Linux filesystem and the kernel CephFS client answer.
 

@@ -45,7 +45,7 @@ pub const DEFAULT_OBJECT_CACHE_MIB: u64 = 32;
 /// Largest `--object-cache-mib` (more makes no sense behind a guest's own page cache).
 pub const MAX_OBJECT_CACHE_MIB: u64 = 16 * 1024;
 /// Default `--inode-cache`: half libcephfs's own `client_cache_size` (16384): with the
-/// default `--held-inodes` it met the density targets (README, "Density").
+/// default `--held-inodes` it met the density targets (docs/benchmarks.md, "Density").
 pub const DEFAULT_INODE_CACHE: u64 = 8192;
 /// Default bound past which a FUSE request is reported as slow (`--slow-request-secs`).
 pub const DEFAULT_SLOW_REQUEST: Duration = Duration::from_secs(30);

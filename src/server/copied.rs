@@ -5,7 +5,7 @@
 //! fuse-backend-rs reads a request only through a `Reader` and writes a reply only through a
 //! `Writer`, both built over a descriptor chain in guest memory: for a GETATTR that is two walks
 //! of a chain and two heap allocations before the filesystem is called, and most of the
-//! request's cost (README "Benchmarks", the per-request cost benchmark). These opcodes carry a
+//! request's cost (docs/benchmarks.md, "Cost per request"). These opcodes carry a
 //! fixed in-struct (and LOOKUP a name), so the transport copies the request out of guest memory
 //! once (`vhost_user::chain`) and they are decoded here from that copy, the filesystem called
 //! through the same `FileSystem` trait, and the reply encoded with fuse-backend-rs's own types

@@ -22,7 +22,7 @@
 //! guest doing one O_DIRECT request at a time) is served the blocking way, as before. At depth 1 the async path saves no
 //! thread (the worker it spares would be idle anyway) and adds the completion thread's wake-up
 //! to each request: 4 KiB O_DIRECT writes at depth 1 ran at 0.86-0.91x the blocking path,
-//! reads at 0.99-1.06x, while at depth 4 to 64 it gains up to 1.5x (README "Nonblocking I/O",
+//! reads at 0.99-1.06x, while at depth 4 to 64 it gains up to 1.5x (docs/benchmarks.md, "Nonblocking I/O",
 //! `tests/bench/results/nonblocking/daemon.txt`).
 //!
 //! A completion can come before the queue thread has filed its request (libcephfs may call
