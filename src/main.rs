@@ -75,6 +75,7 @@ fn fs_config(config: &Config) -> FsConfig {
     FsConfig {
         cache: config.cache,
         xattr: config.xattr,
+        readonly: config.readonly,
         max_nodes: config.guest.max_nodes,
         max_handles: config.guest.max_handles,
         held_inodes: config.guest.held_inodes,
@@ -124,6 +125,7 @@ fn quarantine_command(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Exi
         options: Vec::new(),
         mount_timeout: DEFAULT_MOUNT_TIMEOUT,
         session_uuid: None,
+        name: None,
     };
     let action = match a.action {
         QuarantineAction::Enable => quarantine::Action::Enable,
@@ -255,6 +257,16 @@ fn log_reclaim(config: &Config, mount: &ceph_client::Mount) {
 }
 
 fn main() -> ExitCode {
+    // Before any thread exists (libcephfs starts its own): every thread inherits the empty
+    // bounding set, and the environment is changed while nobody else reads it.
+    if let Err(e) = ceph_virtiofsd::sandbox::drop_bounding_set_early() {
+        eprintln!("ceph-virtiofsd: {}", report(&e));
+        return Exit::Runtime.into();
+    }
+    if let Err(e) = ceph_virtiofsd::notify::init_from_env() {
+        eprintln!("ceph-virtiofsd: {}", report(&e));
+        return Exit::Usage.into();
+    }
     // `ceph-virtiofsd quarantine ...` is the operator command; everything else is the daemon's
     // flat, virtiofsd-compatible command line.
     if std::env::args_os()
@@ -281,7 +293,9 @@ fn main() -> ExitCode {
     }
     info!(
         version = env!("CARGO_PKG_VERSION"),
+        name = config.ceph.access.name.as_deref().unwrap_or("-"),
         nonblocking_io = config.nonblocking_io,
+        readonly = config.readonly,
         "ceph-virtiofsd starting"
     );
     match run(&config) {

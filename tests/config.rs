@@ -55,6 +55,9 @@ fn example_config_parses() {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
     );
     assert_eq!(c.guest.held_inodes, 4096);
+    assert!(!c.readonly);
+    assert_eq!(c.socket_group, None, "commented out");
+    assert_eq!(c.ceph.access.name, None, "commented out");
     assert!(c.warnings.is_empty());
 }
 

@@ -237,16 +237,66 @@ fn vhost_user_descriptor_agrees_with_print_capabilities() {
 }
 
 /// Run the compat wrapper with a stand-in daemon that prints its arguments, one per line.
+fn compat_run(args: &[&str]) -> Output {
+    // Written once: tests run in parallel, and a script being rewritten cannot be executed.
+    static ECHO: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let echo = ECHO.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("packaging");
+        fs::create_dir_all(&dir).unwrap();
+        let echo = dir.join(format!("echo-args-{}", std::process::id()));
+        write_script(&echo, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n");
+        echo
+    });
+    run(Command::new(top().join(COMPAT))
+        .env("CEPH_VIRTIOFSD", echo)
+        .args(args))
+}
+
+/// [`compat_run`], which must succeed: the daemon's arguments.
 fn compat_translate(args: &[&str]) -> Vec<String> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("packaging");
-    fs::create_dir_all(&dir).unwrap();
-    let echo = dir.join("echo-args");
-    write_script(&echo, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n");
-    let out = run(Command::new(top().join(COMPAT))
-        .env("CEPH_VIRTIOFSD", &echo)
-        .args(args));
+    let out = compat_run(args);
     assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
     text(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+/// An ordinary directory never becomes a share: a source directory without
+/// ceph-virtiofsd.toml, on a command line that names no Ceph settings (what libvirt sends for
+/// a plain `<filesystem>`), is refused (exit 2, the reason on stderr, which libvirt logs), and
+/// the daemon is not started. On main it was dropped and the daemon started with its defaults
+/// (client.admin, CephFS "/").
+#[test]
+fn compat_wrapper_refuses_a_plain_directory() {
+    let dir = scratch("compat-plain");
+    let plain = dir.join("srv-plain");
+    fs::create_dir(&plain).unwrap();
+    let plain = plain.to_str().unwrap();
+    let opts = format!("source={plain},cache=always");
+    for argv in [
+        vec!["--fd=21", "--shared-dir", plain, "--xattr"],
+        vec!["--fd=21", "-o", opts.as_str()],
+        // Half the Ceph settings are not enough.
+        vec!["--fd=3", "--shared-dir", plain, "--client-id=vm1"],
+    ] {
+        let out = compat_run(&argv);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{argv:?}: {}",
+            text(&out.stdout)
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "the daemon ran: {}",
+            text(&out.stdout)
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "source directory {plain} holds no ceph-virtiofsd.toml"
+            )) && err.contains("/usr/libexec/virtiofsd"),
+            "{argv:?}: {err}"
+        );
+    }
 }
 
 fn config_of(args: &[String]) -> Config {
@@ -264,8 +314,10 @@ fn compat_wrapper_maps_libvirt_and_kata_command_lines() {
     fs::create_dir(&share).unwrap();
     fs::copy(conf, share.join("ceph-virtiofsd.toml")).unwrap();
     let share = share.to_str().unwrap();
-    let sandbox = dir.join("kata-sandbox");
-    fs::create_dir(&sandbox).unwrap();
+    // Kata's sandbox directory: /run/kata-containers/shared/sandboxes/<sandbox id>/shared.
+    let sandbox_id = "4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee9";
+    let sandbox = dir.join(format!("sandboxes/{sandbox_id}/shared"));
+    fs::create_dir_all(&sandbox).unwrap();
     let sandbox = sandbox.to_str().unwrap();
 
     // libvirt with "separate-options" (what our capabilities announce); source is a file.
@@ -339,6 +391,12 @@ fn compat_wrapper_maps_libvirt_and_kata_command_lines() {
     assert_eq!(c.ceph.access.client_id.as_deref(), Some("kata"));
     assert_eq!(c.ceph.root, "/volumes/_nogroup/kata");
     assert!(c.log.syslog);
+    // The sandbox id names the CephFS session (client metadata vm=<id>).
+    assert_eq!(c.ceph.access.name.as_deref(), Some(sandbox_id));
+    // A --name of the extra args wins.
+    argv.push("--name=pod-a");
+    let got = compat_translate(&argv);
+    assert_eq!(config_of(&got).ceph.access.name.as_deref(), Some("pod-a"));
 }
 
 const MANPAGE: &str = "packaging/man/ceph-virtiofsd.8";
