@@ -18,7 +18,7 @@
 use std::io;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -35,6 +35,10 @@ static NOTIFIER: OnceLock<Option<Notifier>> = OnceLock::new();
 
 /// Ticks of the control thread ([`heartbeat`]), read by the watchdog thread.
 static HEARTBEAT: AtomicU64 = AtomicU64::new(0);
+
+/// [`stopping`] was called: the watchdog thread stops pinging (the control thread is being
+/// stopped, and systemd's stop timeout now bounds the daemon).
+static STOPPING: AtomicBool = AtomicBool::new(false);
 
 /// Why notification could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -120,8 +124,9 @@ pub fn ready(status: &str) {
     ));
 }
 
-/// `STOPPING=1`: the daemon is stopping.
+/// `STOPPING=1`: the daemon is stopping; no more watchdog pings.
 pub fn stopping() {
+    STOPPING.store(true, Ordering::Relaxed);
     send("STOPPING=1\nSTATUS=Stopping");
 }
 
@@ -162,6 +167,9 @@ pub fn start_watchdog(probe: impl Fn() + Send + 'static) -> io::Result<()> {
             let mut last = HEARTBEAT.load(Ordering::Relaxed);
             loop {
                 std::thread::sleep((period / 4).max(Duration::from_millis(1)));
+                if STOPPING.load(Ordering::Relaxed) {
+                    return;
+                }
                 probe();
                 let now = HEARTBEAT.load(Ordering::Relaxed);
                 if now != last {
