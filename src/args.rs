@@ -192,7 +192,9 @@ pub enum Support {
 #[command(
     after_help = "Exit codes: 0 success, 1 runtime failure while serving, \
 2 usage or configuration error, 3 Ceph connection/mount failure.\n\
-RUST_LOG (tracing-subscriber EnvFilter syntax) overrides --log-level."
+RUST_LOG (tracing-subscriber EnvFilter syntax) overrides --log-level.\n\
+Subvolume quarantine, the operator command: ceph-virtiofsd-quarantine (or ceph-virtiofsd \
+quarantine) enable|disable|status PATH; see its --help."
 )]
 pub struct Args {
     /// TOML configuration file (see config/ceph-virtiofsd.toml); command-line options win.
