@@ -51,6 +51,18 @@ fn ready_once_listening_and_mounted_then_watchdog_pings_then_stopping() {
         .expect("start ceph-virtiofsd");
     let pid = child.id();
     let daemon_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    // SIGTERM if an assertion fails before the test stops the daemon itself.
+    struct Stop(Option<u32>);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            if let Some(pid) = self.0 {
+                let _ = Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
+    let mut stop = Stop(Some(pid));
 
     // The first notification is READY=1, and by then the socket listens and CephFS is mounted.
     let first = next(&sock, 60).unwrap_or_else(|| panic!("no notification:\n{}", daemon_log()));
@@ -99,6 +111,7 @@ fn ready_once_listening_and_mounted_then_watchdog_pings_then_stopping() {
         assert_eq!(m, "WATCHDOG=1", "unexpected notification");
     }
     let status = child.wait().unwrap();
+    stop.0 = None;
     assert!(status.success(), "exit {status}:\n{}", daemon_log());
 }
 

@@ -184,6 +184,20 @@ fn assert_no_capability_in_any_thread(pid: u32, uid: u32, log: &dyn Fn() -> Stri
     assert!(seen > 1, "one thread only: libcephfs's are missing");
 }
 
+/// SIGTERM to a pid when dropped (a daemon a failing test would leave running), unless
+/// disarmed once the daemon was waited for.
+struct KillOnDrop(Option<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
 /// Until the daemon logged `what` (its sandbox is then in place), at most 60 s.
 fn wait_log(log: &std::path::Path, what: &str) -> String {
     for _ in 0..1200 {
@@ -259,6 +273,8 @@ fn a_root_start_keeps_no_capability_in_any_thread() {
             .spawn()
             .expect("run unshare");
         let pid = child.id();
+        // Stopped (SIGTERM) even when an assertion below fails.
+        let mut stop = KillOnDrop(Some(pid));
         let text = wait_log(&log, "Dropped privileges");
         println!(
             "{label}: {}",
@@ -274,6 +290,7 @@ fn a_root_start_keeps_no_capability_in_any_thread() {
             .args(["-TERM", &pid.to_string()])
             .status();
         let status = child.wait().unwrap();
+        stop.0 = None;
         assert!(
             status.success(),
             "{label}: exit {status}\n{}",
