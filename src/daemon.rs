@@ -87,6 +87,15 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
+    #[error("Cannot give the socket {path} to group {gid} (--socket-group): the daemon must own the socket and be a member of that group (or start as root)")]
+    SocketGroup {
+        path: PathBuf,
+        gid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("Cannot start the systemd watchdog thread")]
+    Watchdog(#[source] io::Error),
 }
 
 enum Event {
@@ -164,6 +173,10 @@ pub fn serve_session<F: Served>(
             return Err(e);
         }
     };
+    if let Err(e) = give_socket_to_group(config) {
+        signals.stop();
+        return Err(e);
+    }
     // Bound while privileges allow; served on a thread of its own once the frontend can come.
     let handover = match config.handover.as_deref().map(HandoverListener::bind) {
         None => None,
@@ -177,7 +190,7 @@ pub fn serve_session<F: Served>(
         }
     };
     // The metrics endpoint binds before privileges are dropped (it may need a low port).
-    let metrics = match start_metrics(config, stats) {
+    let metrics = match start_metrics(config, stats.clone()) {
         Ok(m) => m,
         Err(e) => {
             signals.stop();
@@ -190,6 +203,8 @@ pub fn serve_session<F: Served>(
         signals.stop();
         return Err(DaemonError::Sandbox(e));
     }
+    // systemd (Type=notify): the socket listens and CephFS is mounted.
+    notify_ready(config, stats.clone())?;
 
     let conn_backend = backend.clone();
     let keep_serving = config.keep_serving;
@@ -219,7 +234,9 @@ pub fn serve_session<F: Served>(
             .map_err(|e| DaemonError::Thread("handover", e))?;
     }
 
-    let result = match receiver.recv() {
+    let received = receiver.recv();
+    crate::notify::stopping();
+    let result = match received {
         Ok(Event::Signal(name)) => {
             info!("Received {name}: stopping");
             Ok(())
@@ -335,6 +352,33 @@ fn hand_admin_socket_to_user(config: &Config) {
             "Cannot give the libcephfs admin socket to --user: Ceph health metrics and the \
              slow-request watchdog will not know what libcephfs waits for");
     }
+}
+
+/// `--socket-group`: give the socket the daemon created to that group (its mode, 0777 less the
+/// umask, decides what the group may do).
+fn give_socket_to_group(config: &Config) -> Result<(), DaemonError> {
+    let (Listen::SocketPath(path), Some(gid)) = (&config.listen, config.socket_group) else {
+        return Ok(());
+    };
+    std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|source| DaemonError::SocketGroup {
+        path: path.clone(),
+        gid,
+        source,
+    })
+}
+
+/// Tell systemd the daemon is ready (`Type=notify`), and start its watchdog pings, which the
+/// filesystem's tables must answer (see [`crate::notify`]). Nothing without `NOTIFY_SOCKET`.
+fn notify_ready(config: &Config, stats: Arc<dyn FsStats>) -> Result<(), DaemonError> {
+    let at = match &config.listen {
+        Listen::SocketPath(p) => p.display().to_string(),
+        Listen::Fd(fd) => format!("fd {fd}"),
+    };
+    crate::notify::ready(&format!("Serving CephFS on {at}"));
+    crate::notify::start_watchdog(move || {
+        let _ = (stats.node_count(), stats.handle_count());
+    })
+    .map_err(DaemonError::Watchdog)
 }
 
 /// How long a daemon that took the session over waits for its predecessor to exit and
@@ -639,6 +683,7 @@ impl SignalThread {
                         _ = &mut stopped => return,
                         () = watch => return,
                         _ = give_back_memory(stats) => return,
+                        () = crate::notify::heartbeat() => return,
                     };
                     let _ = events.send(Event::Signal(name));
                 });
@@ -696,9 +741,17 @@ mod tests {
             keep_serving,
             // serve() would install the filter on every thread of the test harness.
             seccomp: Some(crate::args::SeccompMode::None),
+            cluster: crate::args::ClusterArgs {
+                client_id: Some("t".to_owned()),
+                ..Default::default()
+            },
+            ceph_root: Some("/t".to_owned()),
             ..Default::default()
         };
-        Config::try_from(args).unwrap_or_else(|e| panic!("{e}"))
+        let mut config = Config::try_from(args).unwrap_or_else(|e| panic!("{e}"));
+        // serve() would switch the whole test harness to the package's user, if it exists.
+        config.sandbox.user = None;
+        config
     }
 
     fn wait_for_socket(path: &Path) {

@@ -13,7 +13,7 @@
 //! - `metrics`: counters the layers above record into, with plain values.
 //! - leaves: `server::wire` (the FUSE wire format), `ceph` (reaching the cluster), `poll` (the
 //!   adaptive polling window of queue threads and of the bench's guest side), `logging`,
-//!   `sandbox`.
+//!   `sandbox`, `notify` (systemd's readiness and watchdog notifications).
 
 // Nothing a guest sends may panic the daemon or be silently truncated: no unwrap/expect, no
 // indexing or slicing that can panic, no lossy or silent `as`. Use `get`, `try_from` with a
@@ -42,6 +42,7 @@ pub mod idmap;
 pub mod logging;
 pub mod metrics;
 pub mod migration;
+pub mod notify;
 pub mod poll;
 pub mod quarantine;
 pub mod sandbox;

@@ -1131,11 +1131,37 @@ fn readme_quick_start_runs() {
         .lines()
         .find_map(|l| l.strip_prefix("ExecStart="))
         .expect("the unit's ExecStart");
+    // Its credentials (LoadCredential=NAME:PATH): systemd copies each file into the
+    // instance's credentials directory, `%d`.
+    let creds = work.join("credentials");
+    fs::create_dir_all(&creds).unwrap();
+    for line in unit.lines() {
+        if let Some((name, path)) = line
+            .strip_prefix("LoadCredential=")
+            .and_then(|c| c.split_once(':'))
+        {
+            let from = rooted(&format!(" {}", path.replace("%i", "vm1")), &root);
+            fs::copy(from.trim(), creds.join(name))
+                .unwrap_or_else(|e| panic!("credential {name} from {from}: {e}"));
+        }
+    }
     let words: Vec<String> = exec
         .split_whitespace()
         .skip(1)
         .filter(|w| *w != "$CEPH_VIRTIOFSD_ARGS")
-        .map(|w| rooted(&format!(" {}", w.replace("%i", "vm1")), &root)[1..].to_owned())
+        .map(|w| {
+            let w = w
+                .replace("%i", "vm1")
+                .replace("%d", &creds.display().to_string());
+            // The package's group does not exist on the test host: nogroup stands in for it, as
+            // --user nobody stands in for the unit's dynamic user below.
+            let w = if w == "ceph-virtiofsd" {
+                "nogroup".to_owned()
+            } else {
+                w
+            };
+            rooted(&format!(" {w}"), &root)[1..].to_owned()
+        })
         .collect();
     let socket = root.join("run/ceph-virtiofsd/vm1.sock");
     let log = work.join("daemon.log");

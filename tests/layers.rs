@@ -17,6 +17,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("ceph", &[]),
     ("logging", &[]),
     ("sandbox", &[]),
+    // systemd's readiness and watchdog notifications (sd_notify).
+    ("notify", &[]),
     ("server::wire", &[]),
     // The uid/gid translation rules and the typed ids of both sides.
     ("idmap", &[]),
@@ -79,6 +81,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "handover",
             "metrics",
             "migration",
+            "notify",
             "sandbox",
             "server",
             "server::wire",

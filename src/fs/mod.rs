@@ -134,6 +134,9 @@ pub struct FsConfig {
     pub second_session: Option<side::Connector>,
     /// uid/gid translation between the guest and CephFS (`--translate-uid/--translate-gid`).
     pub idmap: IdMapping,
+    /// `--readonly`: every operation that would change the file system fails with EROFS
+    /// ([`CephFs::writable`]).
+    pub readonly: bool,
 }
 
 impl Default for FsConfig {
@@ -153,6 +156,7 @@ impl Default for FsConfig {
             allow_device_nodes: false,
             second_session: None,
             idmap: IdMapping::default(),
+            readonly: false,
         }
     }
 }
@@ -299,6 +303,17 @@ impl CephFs {
             #[cfg(libcephfs_nonblocking)]
             aio: aio::Aio::default(),
         })
+    }
+
+    /// `--readonly`: EROFS for an operation that would change the file system. Checked first
+    /// in each such operation of the [`FileSystem`] impl (setattr, symlink, mknod, mkdir,
+    /// unlink, rmdir, rename, link, create, write, fallocate, setxattr, removexattr, and an
+    /// open for writing or truncation), before anything reaches libcephfs.
+    fn writable(&self) -> io::Result<()> {
+        if self.cfg.readonly {
+            return Err(errno(libc::EROFS));
+        }
+        Ok(())
     }
 
     /// Requests refused at the limits so far: (nodes, handles).
@@ -588,6 +603,7 @@ impl FileSystem for CephFs {
         handle: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(stat64, Duration)> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_setattr(ctx, inode, attr, handle, valid)
     }
@@ -604,6 +620,7 @@ impl FileSystem for CephFs {
         parent: u64,
         name: &CStr,
     ) -> io::Result<Entry> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_symlink(ctx, linkname, parent, name)
     }
@@ -617,6 +634,7 @@ impl FileSystem for CephFs {
         rdev: u32,
         _umask: u32,
     ) -> io::Result<Entry> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_mknod(ctx, parent, name, mode, rdev)
     }
@@ -629,16 +647,19 @@ impl FileSystem for CephFs {
         mode: u32,
         _umask: u32,
     ) -> io::Result<Entry> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_mkdir(ctx, parent, name, mode)
     }
 
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_unlink(ctx, parent, name)
     }
 
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_rmdir(ctx, parent, name)
     }
@@ -652,11 +673,13 @@ impl FileSystem for CephFs {
         newname: &CStr,
         flags: u32,
     ) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_rename(ctx, olddir, oldname, newdir, newname, flags)
     }
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_link(ctx, inode, newparent, newname)
     }
@@ -668,6 +691,9 @@ impl FileSystem for CephFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
+        if open_flags(flags, libc::O_ACCMODE | libc::O_TRUNC)? != libc::O_RDONLY {
+            self.writable()?;
+        }
         let ctx = &self.caller(ctx)?;
         self.do_open(ctx, inode, flags, fuse_flags)
     }
@@ -679,6 +705,7 @@ impl FileSystem for CephFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_create(ctx, parent, name, args)
     }
@@ -711,6 +738,7 @@ impl FileSystem for CephFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_write(
             ctx,
@@ -744,6 +772,7 @@ impl FileSystem for CephFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_fallocate(ctx, inode, handle, mode, offset, length)
     }
@@ -774,6 +803,7 @@ impl FileSystem for CephFs {
         value: &[u8],
         flags: u32,
     ) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_setxattr(ctx, inode, name, value, flags)
     }
@@ -795,6 +825,7 @@ impl FileSystem for CephFs {
     }
 
     fn removexattr(&self, ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_removexattr(ctx, inode, name)
     }
