@@ -17,7 +17,6 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::{error, info, warn};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as DaemonLibError, VhostUserDaemon};
@@ -29,7 +28,7 @@ use crate::metrics::endpoint::{MetricsServer, Scrape};
 use crate::metrics::watchdog::Watchdog;
 use crate::metrics::FsStats;
 use crate::migration::DeviceState;
-use crate::server::ExtraOps;
+use crate::server::Servable;
 use crate::vhost_user::{BackendError, BackendOptions, VhostUserFsBackend};
 
 /// Why serving stopped with an error. Each message names the failing step.
@@ -105,23 +104,11 @@ enum Event {
     HandedOver,
 }
 
-/// What [`serve`] needs of the filesystem: fuse-backend-rs's interface, the server's extra
-/// operations, statistics for the metrics, and its session state for migration and handover.
-pub trait Served:
-    FileSystem<Inode = u64, Handle = u64> + ExtraOps + FsStats + DeviceState + Send + Sync + 'static
-{
-}
+/// What [`serve`] needs of the filesystem: what the server serves ([`Servable`]), statistics
+/// for the metrics, and its session state for migration and handover.
+pub trait Exported: Servable + FsStats + DeviceState + 'static {}
 
-impl<F> Served for F where
-    F: FileSystem<Inode = u64, Handle = u64>
-        + ExtraOps
-        + FsStats
-        + DeviceState
-        + Send
-        + Sync
-        + 'static
-{
-}
+impl<F> Exported for F where F: Servable + FsStats + DeviceState + 'static {}
 
 /// Serve `fs` to one frontend (or, with `keep_serving`, to successive frontends).
 ///
@@ -129,14 +116,14 @@ impl<F> Served for F where
 /// request is running and none will be dispatched; other clones of `fs` may still exist (held by
 /// idle vhost-user threads), so tear the filesystem down through `&self`, then exit.
 /// With `Listen::Fd`, this takes ownership of that descriptor: call it at most once per process.
-pub fn serve<F: Served>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError> {
+pub fn serve<F: Exported>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError> {
     serve_session(config, fs, false)
 }
 
 /// [`serve`], for a daemon that may have taken its guest's session over from a predecessor
 /// (`took_over`, `--handover`): that predecessor still holds the socket's pid lock until it
 /// exits, which it does at once, so the lock is waited for.
-pub fn serve_session<F: Served>(
+pub fn serve_session<F: Exported>(
     config: &Config,
     fs: Arc<F>,
     took_over: bool,
@@ -280,7 +267,7 @@ pub fn serve_session<F: Served>(
 /// again, at most every 30 s. Returns at once for a filesystem that does not recover.
 fn recovery_loop<F>(fs: &F, backend: &VhostUserFsBackend<F>)
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     const FIRST_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
     let mut backoff = FIRST_RETRY;
@@ -412,7 +399,7 @@ fn connection_loop<F>(
     keep_serving: bool,
 ) -> Result<(), DaemonError>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     loop {
         backend.reset_connection();

@@ -3,7 +3,7 @@
 //! fuse-backend-rs 0.14 answers COPY_FILE_RANGE and SYNCFS with ENOSYS, and hands SETLKW to
 //! the non-blocking `setlk`. The caller decodes the FUSE in-header once, decides where the
 //! request runs from that copy and hands it to us with the request; we handle those three opcodes ourselves
-//! (the first two through [`ExtraOps`]), and hand every other request to
+//! (the first two through [`WireOps`]), and hand every other request to
 //! `Server::handle_message` unchanged.
 //!
 //! What fuse-backend-rs must never see, we answer here from the decoded header: an opcode the
@@ -35,11 +35,15 @@ use crate::metrics::inflight::{self, RequestInfo};
 mod copied;
 #[cfg(libcephfs_nonblocking)]
 pub mod nonblocking;
-pub mod wire;
+mod ops;
 
-pub use wire::REPLY_HEAD_LEN;
-pub use wire::{ExtraOps, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
-use wire::{ReplyHead, OUT_HEADER_LEN};
+pub use ops::{AsyncOps, Servable, SessionOps, WireOps};
+#[cfg(libcephfs_nonblocking)]
+pub use ops::{AsyncReply, AsyncStart};
+
+use crate::wire::{
+    self, ReplyHead, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS, OUT_HEADER_LEN, REPLY_HEAD_LEN,
+};
 
 /// The opcodes the daemon serves; everything else is answered ENOSYS before fuse-backend-rs
 /// sees it. Linux `include/uapi/linux/fuse.h`: 7 (the old FUSE_BMAP slot) and 19 were never
@@ -110,7 +114,7 @@ impl<F: FileSystem + Send + Sync> std::fmt::Debug for FuseServer<F> {
 
 impl<F> FuseServer<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     pub fn new(fs: Arc<F>) -> Self {
         FuseServer {
@@ -562,7 +566,7 @@ impl ArgsLayout {
     const PEEK: usize = 48;
 
     fn of(opcode: u32) -> Self {
-        use wire::{
+        use crate::wire::{
             FUSE_FALLOCATE, FUSE_FLUSH, FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_GETLK, FUSE_LSEEK,
             FUSE_READ, FUSE_READDIR, FUSE_READDIRPLUS, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_SETLK,
             FUSE_WRITE,

@@ -30,7 +30,7 @@ use ceph_virtiofsd::args::Args;
 use ceph_virtiofsd::config::FileConfig;
 use ceph_virtiofsd::metrics::ceph::CephHealth;
 use ceph_virtiofsd::metrics::{FsStats, Metrics};
-use ceph_virtiofsd::server::wire::{ReplyHead, FUSE_GETATTR, FUSE_LOOKUP};
+use ceph_virtiofsd::wire::{ReplyHead, FUSE_GETATTR, FUSE_LOOKUP};
 use clap::CommandFactory;
 
 fn top() -> PathBuf {

@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 /// The layers, bottom to top: each module and the modules it may import. A module may only
 /// name modules of rows above its own (checked below), so the table cannot hold a circle.
-/// `server::wire` is a node of its own: the FUSE wire format the server, the filesystem and
-/// the metrics share.
+/// `wire` is the FUSE wire format the server, the filesystem, the transport and the metrics
+/// share; the server's traits (`server::Servable` and its parts) are what the filesystem
+/// implements, so `fs` sits above `server`.
 const LAYERS: &[(&str, &[&str])] = &[
     // Leaves: know nothing of the rest of the daemon.
     ("poll", &[]),
@@ -19,7 +20,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("sandbox", &[]),
     // systemd's readiness and watchdog notifications (sd_notify).
     ("notify", &[]),
-    ("server::wire", &[]),
+    ("wire", &[]),
     // The uid/gid translation rules and the typed ids of both sides.
     ("idmap", &[]),
     // The device state format of live migration, and the filesystem's side of it as a trait.
@@ -27,10 +28,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     // The handover of a session to a successor daemon: moves migration states over a socket.
     ("handover", &["migration"]),
     // Counters take plain values; the wire format names their labels.
-    ("metrics", &["server::wire"]),
+    ("metrics", &["wire"]),
     // The quarantine: its gate, watcher and operator command, on its own settings type.
     ("quarantine", &["ceph", "idmap", "metrics"]),
-    // The filesystem: FUSE semantics over CephFS.
+    // FUSE dispatch and the traits it asks of a filesystem: generic, nothing of Ceph.
+    ("server", &["metrics", "wire"]),
+    // The filesystem: FUSE semantics over CephFS, serving the server's traits.
     (
         "fs",
         &[
@@ -39,21 +42,14 @@ const LAYERS: &[(&str, &[&str])] = &[
             "metrics",
             "migration",
             "quarantine",
-            "server::wire",
+            "server",
+            "wire",
         ],
     ),
-    // FUSE dispatch and the vhost-user transport: generic over the filesystem, nothing of Ceph.
-    ("server", &["metrics", "server::wire"]),
+    // The vhost-user transport: generic over the filesystem, nothing of Ceph.
     (
         "vhost_user",
-        &[
-            "handover",
-            "metrics",
-            "migration",
-            "poll",
-            "server",
-            "server::wire",
-        ],
+        &["handover", "metrics", "migration", "poll", "server", "wire"],
     ),
     // The command line (clap types) and the validated `Config` built from it.
     ("args", &[]),
@@ -84,8 +80,8 @@ const LAYERS: &[(&str, &[&str])] = &[
             "notify",
             "sandbox",
             "server",
-            "server::wire",
             "vhost_user",
+            "wire",
         ],
     ),
 ];
@@ -293,18 +289,18 @@ fn no_import_points_up_or_sideways() {
 #[test]
 fn the_scanner_sees_grouped_and_nested_paths() {
     let paths = crate_paths(code(
-        "use crate::{fs::CephFs, server::wire::{ReplyHead, X}}; // crate::poll",
+        "use crate::{fs::CephFs, server::ops::{Served, X}}; // crate::poll",
     ));
     assert_eq!(
         paths,
         vec![
             vec!["fs".to_owned(), "CephFs".to_owned()],
-            vec!["server".to_owned(), "wire".to_owned()],
+            vec!["server".to_owned(), "ops".to_owned()],
         ]
     );
     assert_eq!(
-        node_of(&["server".into(), "wire".into(), "ReplyHead".into()]),
-        Some("server::wire")
+        node_of(&["wire".into(), "opcode".into(), "FUSE_LOOKUP".into()]),
+        Some("wire")
     );
     assert_eq!(
         node_of(&["server".into(), "FuseServer".into()]),

@@ -19,7 +19,8 @@ mod in_process {
     use std::time::Duration;
 
     use ceph_virtiofsd::fs::CephFs;
-    use ceph_virtiofsd::server::wire::{AsyncReply, AsyncStart, ExtraOps, FUSE_READ, FUSE_WRITE};
+    use ceph_virtiofsd::server::{AsyncOps, AsyncReply, AsyncStart};
+    use ceph_virtiofsd::wire::{FUSE_READ, FUSE_WRITE};
     use fuse_backend_rs::abi::fuse_abi::WRITE_KILL_PRIV;
     use fuse_backend_rs::api::filesystem::FileSystem;
 

@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ceph_virtiofsd::server::wire::ExtraOps;
+use ceph_virtiofsd::server::{AsyncOps, SessionOps, WireOps};
 use ceph_virtiofsd::vhost_user::{BackendOptions, GuestBitmap, VhostUserFsBackend};
 use clap::Parser;
 use fuse_backend_rs::abi::fuse_abi::{stat64, FsOptions, OpenOptions};
@@ -228,7 +228,7 @@ impl FileSystem for EchoFs {
     }
 }
 
-impl ExtraOps for EchoFs {
+impl WireOps for EchoFs {
     fn copy_file_range(
         &self,
         _ctx: &Context,
@@ -248,3 +248,7 @@ impl ExtraOps for EchoFs {
         Ok(())
     }
 }
+
+impl SessionOps for EchoFs {}
+
+impl AsyncOps for EchoFs {}

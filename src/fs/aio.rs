@@ -1,6 +1,6 @@
 //! READ and WRITE on O_DIRECT handles without waiting for the OSDs
 //! (`ceph_ll_nonblocking_readv_writev`, libcephfs 20): the filesystem's side of
-//! [`ExtraOps::async_read`](crate::server::wire::ExtraOps::async_read) and its kin.
+//! [`AsyncOps::async_read`](crate::server::AsyncOps::async_read) and its kin.
 //!
 //! Only O_DIRECT handles: there libcephfs sends the I/O to the OSDs and the caller would sit
 //! out the round trip, which the async call spares (the bench's `nonblocking` subcommand:
@@ -23,11 +23,22 @@
 //! in flight its worker threads bound. A queue thread starts one request at a time, so the
 //! buffers never pass the budget by more than one largest request per queue.
 
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fuse_backend_rs::api::filesystem::{Context, ZeroCopyReader};
+use fuse_backend_rs::file_buf::FileVolatileSlice;
+use fuse_backend_rs::file_traits::FileReadWriteVolatile;
+
+use super::open::OpenFile;
+use super::{errno, to_len, CephFs, Handle};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 
-use super::*;
-use crate::server::wire::{AsyncReply, AsyncStart, FUSE_READ, FUSE_WRITE};
+use crate::server::{AsyncReply, AsyncStart};
+use crate::wire::{FUSE_READ, FUSE_WRITE};
 use ceph_client::aio::{IoQueue, WriteSync};
 
 /// Most bytes of buffers the daemon's async requests hold at once (see the module doc): 64
@@ -156,7 +167,7 @@ impl FileReadWriteVolatile for Collect<'_> {
 }
 
 impl CephFs {
-    /// See [`ExtraOps::async_takes`](crate::server::wire::ExtraOps::async_takes): READs of an
+    /// See [`AsyncOps::async_takes`](crate::server::AsyncOps::async_takes): READs of an
     /// O_DIRECT handle, and WRITEs of one open for writing whose inode's data the object cache
     /// does not hold, while the budget has room for a request of the largest size. A handle
     /// not in the table goes the blocking way (EBADF there).

@@ -2,7 +2,25 @@
 //! FSYNC, FALLOCATE, LSEEK, COPY_FILE_RANGE and SYNCFS, and the coherence of libcephfs's object
 //! cache with a guest's O_DIRECT writers.
 
-use super::*;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+#[cfg(libcephfs_nonblocking)]
+use std::time::Duration;
+
+use ceph_client::{File, Inode};
+use fuse_backend_rs::abi::fuse_abi::WRITE_KILL_PRIV;
+use fuse_backend_rs::api::filesystem::{Context, ZeroCopyReader, ZeroCopyWriter};
+use fuse_backend_rs::file_buf::FileVolatileSlice;
+use fuse_backend_rs::file_traits::FileReadWriteVolatile;
+
+use super::killpriv::Trigger;
+use super::open::OpenFile;
+use super::perms::Caller;
+use super::{errno, len64, range, to_len, to_off, CephFs};
+use crate::server::{AsyncOps, SessionOps, WireOps};
+#[cfg(libcephfs_nonblocking)]
+use crate::server::{AsyncReply, AsyncStart};
 
 /// Chunk of a server-side copy.
 const COPY_CHUNK: usize = 1 << 20;
@@ -452,7 +470,7 @@ impl FileReadWriteVolatile for CephIo<'_> {
     }
 }
 
-impl crate::server::wire::ExtraOps for CephFs {
+impl WireOps for CephFs {
     fn copy_file_range(
         &self,
         ctx: &Context,
@@ -479,7 +497,9 @@ impl crate::server::wire::ExtraOps for CephFs {
         self.node(ino)?;
         self.sync_all()
     }
+}
 
+impl SessionOps for CephFs {
     fn session_lost(&self) {
         self.note_session_lost();
     }
@@ -493,7 +513,9 @@ impl crate::server::wire::ExtraOps for CephFs {
         crate::metrics::session_recovery(r.is_ok());
         r
     }
+}
 
+impl AsyncOps for CephFs {
     #[cfg(libcephfs_nonblocking)]
     fn async_takes(&self, opcode: u32, node: u64, fh: u64) -> bool {
         self.aio_takes(opcode, node, fh)
@@ -509,7 +531,7 @@ impl crate::server::wire::ExtraOps for CephFs {
         offset: u64,
         room: usize,
         tag: u64,
-    ) -> io::Result<crate::server::wire::AsyncStart> {
+    ) -> io::Result<AsyncStart> {
         self.aio_read(ctx, node, fh, size, offset, room, tag)
     }
 
@@ -524,15 +546,12 @@ impl crate::server::wire::ExtraOps for CephFs {
         offset: u64,
         fuse_flags: u32,
         tag: u64,
-    ) -> io::Result<crate::server::wire::AsyncStart> {
+    ) -> io::Result<AsyncStart> {
         self.aio_write(ctx, node, fh, data, size, offset, fuse_flags, tag)
     }
 
     #[cfg(libcephfs_nonblocking)]
-    fn async_next(
-        &self,
-        timeout: Duration,
-    ) -> Option<(u64, io::Result<crate::server::wire::AsyncReply>)> {
+    fn async_next(&self, timeout: Duration) -> Option<(u64, io::Result<AsyncReply>)> {
         self.aio_next(timeout)
     }
 }

@@ -2,7 +2,17 @@
 //! with the gate generation it holds for and derived again from the node's real ancestry after
 //! the gate changed, and the gate every request passes (`node_op`, `dir_op`, `gate`).
 
-use super::*;
+use std::ffi::CStr;
+use std::io;
+use std::sync::Arc;
+
+use ceph_client::{Inode, Statx, CEPH_STATX_INO, CEPH_STATX_NLINK};
+
+use crate::idmap::GuestUid;
+
+use super::nodes::{Vino, NOSNAP, ROOT_ID};
+use super::perms::Caller;
+use super::{errno, kind_of, vino_of, CephFs, Link, Node, CEPH_INO_ROOT, PATH_MAX, WANT};
 
 /// Where a walk up a directory's ancestry ended ([`CephFs::walk_up`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

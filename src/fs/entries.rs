@@ -3,7 +3,28 @@
 //! the snapshot policy on `.snap` names, and the namespace changes: SYMLINK, MKNOD, MKDIR,
 //! UNLINK, RMDIR, RENAME, LINK (and READLINK).
 
-use super::*;
+use super::limits::Table;
+use super::nodes::ROOT_ID;
+use std::ffi::CStr;
+use std::ffi::CString;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ceph_client::{Inode, Statx, CEPH_SNAPDIR, CEPH_STATX_INO, CEPH_STATX_MODE, CEPH_STATX_NLINK};
+use fuse_backend_rs::api::filesystem::Entry;
+
+use crate::idmap::GuestUid;
+
+use super::attr::to_stat;
+use super::domain::Up;
+use super::names::Use;
+use super::nodes::{NewNode, Vino, NOSNAP};
+use super::perms::Caller;
+use super::policy::CacheMode;
+use super::{
+    errno, kind_of, names, nodes, vino_of, CephFs, Link, Node, CEPH_INO_ROOT, PATH_MAX, WANT,
+};
 
 /// What a rename would replace.
 enum RenameTarget {

@@ -2,7 +2,18 @@
 //! LK_FLOCK), the release of a closing owner's locks at FLUSH, and the conversions between
 //! FUSE's lock ranges and `struct flock`.
 
-use super::*;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fuse_backend_rs::abi::fuse_abi::LK_FLOCK;
+use fuse_backend_rs::api::filesystem::FileLock;
+
+use crate::idmap::GuestUid;
+
+use super::open::OpenFile;
+use super::perms::Caller;
+use super::{errno, CephFs, Handle};
 
 impl CephFs {
     pub(super) fn do_flush(

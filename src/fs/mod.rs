@@ -1,7 +1,7 @@
 //! The filesystem: FUSE requests served by calling CephFS through libcephfs.
 //!
 //! This layer knows nothing of virtio or vhost-user: it implements fuse-backend-rs's
-//! `FileSystem` trait (plus [`crate::server::ExtraOps`] for the opcodes fuse-backend-rs does not
+//! `FileSystem` trait (plus the server's traits, [`crate::server::Servable`], for the opcodes fuse-backend-rs does not
 //! dispatch) over the `ceph-client` crate. Node ids and handles are ours ([`nodes`],
 //! [`handles`]); credentials come from the request ([`perms`]); how long the guest may cache what
 //! we return is [`policy`]'s decision; the SB_NOSEC contract is [`killpriv`]'s. The
@@ -40,43 +40,30 @@ mod stats;
 mod xattr;
 
 use arc_swap::ArcSwap;
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ceph_client::{
-    Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_ATIME_NOW, CEPH_SETATTR_CTIME,
-    CEPH_SETATTR_GID, CEPH_SETATTR_KILL_SGUID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME,
-    CEPH_SETATTR_MTIME_NOW, CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR,
-    CEPH_STATX_BASIC_STATS, CEPH_STATX_INO, CEPH_STATX_MODE, CEPH_STATX_NLINK, CEPH_STATX_UID,
-};
+use ceph_client::{Inode, Mount, Statx, CEPH_SNAPDIR, CEPH_STATX_BASIC_STATS, CEPH_STATX_INO};
 use fuse_backend_rs::abi::fuse_abi::{
-    stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, FOPEN_IN_KILL_SUIDGID,
-    LK_FLOCK, WRITE_KILL_PRIV,
+    stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid,
 };
 use fuse_backend_rs::api::filesystem::{
     Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
     ZeroCopyWriter,
 };
-use fuse_backend_rs::file_buf::FileVolatileSlice;
-use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 
 use handles::HandleTable;
-use killpriv::{Kill, Trigger};
 use limits::{LimitStats, Table};
-use names::{Use, XattrAccess};
-use nodes::{NewNode, NodeTable, Vino, NOSNAP, ROOT_ID};
+use nodes::{NewNode, NodeTable, Vino, NOSNAP};
 
-use crate::idmap::{GuestUid, HostGid, HostUid, IdMapping};
+use crate::idmap::IdMapping;
 
 type Link = nodes::Link<Inode>;
 use perms::{Caller, PermCache};
 use policy::{CachePolicy, NodeClass};
-
-use attr::to_stat;
-use domain::Up;
 
 pub use attr::access_allowed;
 pub use dir::DirStream;

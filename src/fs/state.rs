@@ -12,14 +12,27 @@
 //! source (libcephfs cannot list a client's locks, and re-taking them on the destination
 //! would race with other clients for a moment the guest believes it holds them).
 
+use fuse_backend_rs::api::filesystem::FileSystem;
+use std::ffi::CString;
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ceph_client::{Inode, CEPH_STATX_MODE};
+use fuse_backend_rs::abi::fuse_abi::FsOptions;
+
+use crate::idmap::IdMapping;
+
+use super::dir::DirStream;
+use super::nodes::{NewNode, Vino, ROOT_ID};
+use super::open::OpenFile;
+use super::{errno, kind_of, CephFs, Handle, Link, Node};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 
 use crate::migration::{
     HandleKind, HandleState, LoadReport, MigrationError, NodeState, OnError, State,
 };
-
-use super::*;
 
 /// Migration settings and what a session needs to be moved.
 #[derive(Debug, Default)]

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use text::{Kind, TextWriter};
 
-use crate::server::wire::{errno_name, opcode_name, ReplyHead, FUSE_LOOKUP, FUSE_READ, FUSE_WRITE};
+use crate::wire::{errno_name, opcode_name, ReplyHead, FUSE_LOOKUP, FUSE_READ, FUSE_WRITE};
 
 /// Opcode slots: FUSE opcodes 1..=63 have their own; slot 0 collects everything else.
 pub const OPCODE_SLOTS: usize = 64;

@@ -30,11 +30,12 @@ use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry, FileSystem};
 use fuse_backend_rs::api::server::MAX_BUFFER_SIZE;
 use vm_memory::ByteValued;
 
-use super::wire::{
-    ExtraOps, FUSE_ACCESS, FUSE_BATCH_FORGET, FUSE_FLUSH, FUSE_FORGET, FUSE_GETATTR, FUSE_LOOKUP,
-    FUSE_OPEN, FUSE_OPENDIR, FUSE_READDIRPLUS, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_STATFS,
-};
+use super::Servable;
 use super::{FuseServer, ServerError};
+use crate::wire::{
+    FUSE_ACCESS, FUSE_BATCH_FORGET, FUSE_FLUSH, FUSE_FORGET, FUSE_GETATTR, FUSE_LOOKUP, FUSE_OPEN,
+    FUSE_OPENDIR, FUSE_READDIRPLUS, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_STATFS,
+};
 
 /// fuse-backend-rs's `BUFFER_HEADER_SIZE` (private there): a request declaring more than
 /// `MAX_BUFFER_SIZE` plus this is refused by it.
@@ -97,7 +98,7 @@ impl<'a> Out<'a> {
         let errno = err
             .raw_os_error()
             .unwrap_or_else(|| fuse_backend_rs::encode_io_error_kind(err.kind()));
-        let header = super::wire::error_header(self.unique, errno);
+        let header = crate::wire::error_header(self.unique, errno);
         self.put(0, header.as_slice())?;
         Ok(size_of::<OutHeader>())
     }
@@ -124,7 +125,7 @@ fn read_obj<T: ByteValued>(body: &[u8]) -> Option<T> {
 
 impl<F> FuseServer<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     /// Decode and serve a request [`serves`] names: `body` is the request past its in-header
     /// (all the guest gave: fuse-backend-rs reads in-structs from there, and only a name is
@@ -431,8 +432,9 @@ mod tests {
     use virtio_queue::{Queue, QueueOwnedT};
     use vm_memory::{ByteValued, Bytes, GuestAddress, GuestMemoryMmap};
 
-    use super::super::wire::*;
     use super::super::{refused_errno, FuseServer, ServerError};
+    use crate::server::{AsyncOps, SessionOps, WireOps};
+    use crate::wire::*;
 
     /// splitmix64: the test's only source of randomness, from a seed.
     struct Rng(u64);
@@ -701,7 +703,7 @@ mod tests {
         }
     }
 
-    impl ExtraOps for RandFs {
+    impl WireOps for RandFs {
         fn copy_file_range(
             &self,
             _: &Context,
@@ -716,10 +718,15 @@ mod tests {
         ) -> io::Result<usize> {
             Err(io::Error::from_raw_os_error(libc::ENOSYS))
         }
+
         fn syncfs(&self, _: &Context, _: u64) -> io::Result<()> {
             Ok(())
         }
     }
+
+    impl SessionOps for RandFs {}
+
+    impl AsyncOps for RandFs {}
 
     const OPS: [u32; 12] = [
         FUSE_LOOKUP,

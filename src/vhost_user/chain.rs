@@ -38,7 +38,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, WriteIn};
-use fuse_backend_rs::api::filesystem::FileSystem;
 use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use smallvec::SmallVec;
 use tracing::warn;
@@ -53,8 +52,8 @@ use vm_memory::{
 use super::ring::Permit;
 use super::{GuestBitmap, GuestMem, MemGuard, Vring};
 use crate::metrics;
-use crate::server::wire::{FUSE_READ, FUSE_WRITE, REPLY_HEAD_LEN};
-use crate::server::{ExtraOps, FuseServer, ServerError};
+use crate::server::{FuseServer, Servable, ServerError};
+use crate::wire::{FUSE_READ, FUSE_WRITE, REPLY_HEAD_LEN};
 use vhost_user_backend::VringState;
 
 /// Where the private region starts: guest physical addresses stay far below (52 bits at most).
@@ -547,7 +546,7 @@ pub(super) fn serve<F>(
     start: Instant,
 ) -> Outcome
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     let Some(header) = r.header.filter(|_| r.fault.is_none()) else {
         let fault = r.fault.unwrap_or(Fault::ShortHeader);
@@ -595,7 +594,7 @@ fn serve_copied<F>(
     trip: Trip<'_>,
 ) -> Outcome
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     let Private { request, reply, .. } = p;
     // The buffers only grow (never zeroed again: every byte used is written first).
@@ -652,7 +651,7 @@ fn serve_mapped<F>(
     trip: Trip<'_>,
 ) -> Outcome
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     let private_reply = header.opcode != FUSE_READ && r.writable_len <= REPLY_COPY;
     let copied = copied_len(header, r);
@@ -746,7 +745,7 @@ fn answer_mapped(
         // with the errno.
         Err(e) => match crate::server::refused_errno(&e) {
             Some(errno) if !is_forget(header.opcode) => {
-                let out = crate::server::wire::error_header(header.unique, errno);
+                let out = crate::wire::error_header(header.unique, errno);
                 let bytes = out.as_slice();
                 if bytes.len() > r.writable_len {
                     return Err(ChainError::Server(e));
@@ -871,7 +870,7 @@ pub(super) fn start_async<F>(
     tag: u64,
 ) -> Option<crate::server::nonblocking::Started>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     use crate::server::nonblocking::Started;
     let header = r.header.filter(|_| r.fault.is_none())?;
@@ -916,10 +915,10 @@ pub(super) fn finish_async<F>(
     r: &Request,
     live: Live<'_>,
     request: crate::server::nonblocking::AsyncRequest,
-    result: std::io::Result<crate::server::wire::AsyncReply>,
+    result: std::io::Result<crate::server::AsyncReply>,
 ) -> Result<usize, ChainError>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     let header = r.header.ok_or(ChainError::ShortHeader)?;
     let mem: &GuestMemoryMmap<GuestBitmap> = mem;
@@ -944,7 +943,7 @@ where
 }
 
 fn is_forget(opcode: u32) -> bool {
-    opcode == crate::server::wire::FUSE_FORGET || opcode == crate::server::wire::FUSE_BATCH_FORGET
+    opcode == crate::wire::FUSE_FORGET || opcode == crate::wire::FUSE_BATCH_FORGET
 }
 
 type RegionSlice<'a> = VolatileSlice<'a, vm_memory::bitmap::BS<'a, GuestBitmap>>;
@@ -1083,7 +1082,7 @@ pub(super) fn complete_locked<F>(
     r: &Request,
     queue: usize,
 ) where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     let outcome = serve(server, mem, r, Live::Locked, queue, Instant::now());
     let used = used_len(outcome.used, queue, r.head);
@@ -1102,7 +1101,7 @@ pub(super) fn complete<F>(
     start: Instant,
 ) -> Option<Duration>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     let outcome = serve(server, mem, r, Live::Check(vring, generation), queue, start);
     let used = used_len(outcome.used, queue, r.head);

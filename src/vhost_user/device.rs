@@ -7,7 +7,6 @@ use std::io;
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
-use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::{debug, error, warn};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
@@ -24,7 +23,7 @@ use vmm_sys_util::event::{
 use super::{
     GuestBitmap, GuestMem, VhostUserFsBackend, Vring, MAX_TAG_LEN, QUEUE_SIZE, VIRTIO_FS_CONFIG_LEN,
 };
-use crate::server::{mark_queue_thread, ExtraOps};
+use crate::server::{mark_queue_thread, Servable};
 
 /// Build `struct virtio_fs_config` for a tag.
 pub(super) fn config_space(tag: &str, request_queues: u16) -> [u8; VIRTIO_FS_CONFIG_LEN] {
@@ -42,7 +41,7 @@ pub(super) fn config_space(tag: &str, request_queues: u16) -> [u8; VIRTIO_FS_CON
 
 impl<F> VhostUserBackend for VhostUserFsBackend<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     type Bitmap = GuestBitmap;
     type Vring = Vring;

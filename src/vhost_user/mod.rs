@@ -42,7 +42,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
 
 use crate::migration::{DeviceState, MigrationError};
 use crate::poll::AdaptivePoll;
-use crate::server::{ExtraOps, FuseServer};
+use crate::server::{FuseServer, Servable};
 
 mod chain;
 mod cost;
@@ -175,7 +175,7 @@ impl<F: FileSystem + Send + Sync> std::fmt::Debug for VhostUserFsBackend<F> {
 
 impl<F> VhostUserFsBackend<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     pub fn new(fs: Arc<F>, options: &BackendOptions) -> Result<Self, BackendError> {
         let q = options.request_queues;

@@ -38,7 +38,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::warn;
 
 use super::chain::{self, give_back};
@@ -46,8 +45,9 @@ use super::queues::Pending;
 use super::{Inner, Vring, HIPRIO_QUEUE};
 use crate::metrics;
 use crate::server::nonblocking::{AsyncRequest, Started};
-use crate::server::wire::{AsyncReply, ExtraOps, FUSE_READ, FUSE_WRITE};
 use crate::server::FuseServer;
+use crate::server::{AsyncReply, Servable};
+use crate::wire::{FUSE_READ, FUSE_WRITE};
 
 /// How long the completion thread waits for a completion before it looks whether its backend
 /// is still there.
@@ -106,7 +106,7 @@ pub(super) fn try_start<F>(
     queue: usize,
 ) -> Option<Pending>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     match p.request.header {
         Some(h) if queue != HIPRIO_QUEUE && (h.opcode == FUSE_READ || h.opcode == FUSE_WRITE) => {}
@@ -164,7 +164,7 @@ where
 /// backend is gone.
 pub(super) fn completion_loop<F>(weak: &Weak<Inner<F>>)
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     loop {
         let Some(inner) = weak.upgrade() else {
@@ -191,7 +191,7 @@ where
 /// Write the answer into the request's chain, give the chain back and let its guards go.
 fn answer<F>(server: &FuseServer<F>, op: Box<Op>, result: io::Result<AsyncReply>)
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     let Op {
         pending,

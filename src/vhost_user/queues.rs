@@ -7,7 +7,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::{debug, warn};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
@@ -22,7 +21,8 @@ use super::{
 };
 use crate::metrics;
 use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
-use crate::server::{ExtraOps, FuseServer, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+use crate::server::{FuseServer, Servable};
+use crate::wire::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
 
 /// Polling state of one queue (only its own thread takes the lock).
 #[derive(Debug)]
@@ -34,7 +34,7 @@ pub(super) struct QueuePoll {
 
 impl<F> VhostUserFsBackend<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     /// Pop every available chain of `vring` and dispatch it.
     ///
@@ -364,7 +364,7 @@ pub(super) fn more_avail(vring: &Vring, mem: &GuestMem) -> bool {
 /// none is. Ends once its backend is gone.
 pub(super) fn rescue_loop<F>(weak: &Weak<Inner<F>>)
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     let mut seen = 0;
     loop {
@@ -401,9 +401,7 @@ pub(super) enum Dispatch {
 
 impl Dispatch {
     pub(super) fn of(opcode: Option<u32>) -> Self {
-        use crate::server::wire::{
-            FUSE_FALLOCATE, FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_READ, FUSE_WRITE,
-        };
+        use crate::wire::{FUSE_FALLOCATE, FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_READ, FUSE_WRITE};
         match opcode {
             Some(FUSE_SETLKW) => Dispatch::Waits,
             Some(
@@ -441,7 +439,7 @@ impl Pending {
         queue: usize,
         cost: Option<&ServeCost>,
     ) where
-        F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+        F: Servable,
     {
         chain::warm();
         let start = Instant::now();

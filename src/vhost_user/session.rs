@@ -5,11 +5,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::warn;
 
 use super::VhostUserFsBackend;
-use crate::server::ExtraOps;
+use crate::server::Servable;
 
 /// Counts requests in flight so shutdown can wait for them. Entering and leaving are one atomic
 /// operation each; the lock is taken only when the count drops to zero while someone waits.
@@ -72,7 +71,7 @@ pub(super) struct Gate {
 
 impl<F> VhostUserFsBackend<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     /// Forget the previous frontend's memory before a new connection.
     pub fn reset_connection(&self) {
@@ -152,7 +151,7 @@ where
 
 impl<F> crate::handover::Pausable for VhostUserFsBackend<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     fn pause(&self, limit: Duration) -> bool {
         self.close_and_drain(limit)

@@ -26,7 +26,8 @@ use std::sync::PoisonError;
 
 use super::queues::Dispatch;
 use crate::server::mark_queue_thread;
-use crate::server::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+use crate::server::{AsyncOps, SessionOps, WireOps};
+use crate::wire::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
@@ -354,7 +355,7 @@ impl crate::metrics::FsStats for TestFs {
     }
 }
 
-impl ExtraOps for TestFs {
+impl WireOps for TestFs {
     fn copy_file_range(
         &self,
         ctx: &Context,
@@ -378,7 +379,11 @@ impl ExtraOps for TestFs {
     fn syncfs(&self, _ctx: &Context, _ino: u64) -> io::Result<()> {
         Err(io::Error::from_raw_os_error(libc::EROFS))
     }
+}
 
+impl SessionOps for TestFs {}
+
+impl AsyncOps for TestFs {
     #[cfg(libcephfs_nonblocking)]
     fn async_takes(&self, opcode: u32, node: u64, fh: u64) -> bool {
         self.aio.takes(opcode, node, fh)
@@ -394,7 +399,7 @@ impl ExtraOps for TestFs {
         offset: u64,
         room: usize,
         tag: u64,
-    ) -> io::Result<crate::server::wire::AsyncStart> {
+    ) -> io::Result<crate::server::AsyncStart> {
         self.aio.read(size, offset, room, tag)
     }
 
@@ -409,7 +414,7 @@ impl ExtraOps for TestFs {
         offset: u64,
         _fuse_flags: u32,
         tag: u64,
-    ) -> io::Result<crate::server::wire::AsyncStart> {
+    ) -> io::Result<crate::server::AsyncStart> {
         self.aio.write(data, size, offset, tag)
     }
 
@@ -417,7 +422,7 @@ impl ExtraOps for TestFs {
     fn async_next(
         &self,
         timeout: Duration,
-    ) -> Option<(u64, io::Result<crate::server::wire::AsyncReply>)> {
+    ) -> Option<(u64, io::Result<crate::server::AsyncReply>)> {
         self.aio.next(timeout)
     }
 }

@@ -7,14 +7,13 @@ use std::io::{self, Read, Write};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::{error, warn};
 use vhost::vhost_user::message::{VhostTransferStateDirection, VhostTransferStatePhase};
 
 use super::session::InFlight;
 use super::VhostUserFsBackend;
 use crate::migration::{DeviceState, MigrationError, MAX_STATE_LEN};
-use crate::server::ExtraOps;
+use crate::server::Servable;
 
 /// How long a save waits for requests of the stopped device that are still being answered.
 const SAVE_DRAIN_LIMIT: Duration = Duration::from_secs(10);
@@ -63,7 +62,7 @@ fn load_device_state(state: &dyn DeviceState, file: File) -> Result<(), Migratio
 
 impl<F> VhostUserFsBackend<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     /// Offer live migration (VHOST_USER_PROTOCOL_F_DEVICE_STATE): `state` saves and loads the
     /// guest's session. Call before the first frontend connects.
