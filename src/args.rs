@@ -1,9 +1,12 @@
 //! Command-line types, and nothing else: clap parses them, `config` validates them.
 //!
-//! The option names follow the Rust virtiofsd, so that libvirt, Kata and hand-written QEMU
-//! scripts can start ceph-virtiofsd in its place. Options of virtiofsd that mean nothing for a
-//! CephFS-backed daemon are accepted and ignored with a warning; `--shared-dir` is refused,
-//! because there is no host directory (use `--ceph-root`).
+//! The option names follow the Rust virtiofsd (1.14), so that libvirt, Kata, KubeVirt and
+//! hand-written QEMU scripts can start ceph-virtiofsd in its place: every option and form of
+//! virtiofsd 1.14 is accepted (tests/virtiofsd_flags.rs feeds each to the daemon). Those that
+//! mean nothing for a CephFS-backed daemon are ignored with a warning (or silently, where they
+//! only choose what ceph-virtiofsd always does); three are refused: `--shared-dir` (there is no
+//! host directory: use `--ceph-root`) and `--uid-map`/`--gid-map` (no user namespace: use
+//! `--translate-uid`/`--translate-gid`).
 
 use std::path::PathBuf;
 
@@ -93,7 +96,11 @@ pub enum QuarantineAction {
 /// The state is the reserved xattr trusted.ceph-virtiofsd.quarantine on PATH. Subvolumes are
 /// /volumes/<group>/<name> (the parent of `ceph fs subvolume getpath`).
 #[derive(Parser, Debug, Clone)]
-#[command(name = "ceph-virtiofsd quarantine", version)]
+#[command(
+    name = "ceph-virtiofsd quarantine",
+    bin_name = "ceph-virtiofsd quarantine",
+    version
+)]
 pub struct QuarantineArgs {
     #[arg(value_enum)]
     pub action: QuarantineAction,
@@ -112,7 +119,9 @@ pub struct ClusterArgs {
     #[arg(long, value_name = "FILE")]
     pub ceph_conf: Option<PathBuf>,
 
-    /// Ceph client id, without the "client." prefix (default: admin).
+    /// Ceph client id, without the "client." prefix. The daemon requires it (here or as
+    /// client-id in the config file) and never defaults to client.admin: name admin to use it.
+    /// The quarantine command defaults to admin.
     #[arg(long, value_name = "ID")]
     pub client_id: Option<String>,
 
@@ -153,6 +162,28 @@ pub enum SeccompMode {
     Log,
     /// Kill the daemon (the default).
     Kill,
+    /// Send the thread SIGSYS: the daemon ends with a core dump naming the call.
+    Trap,
+}
+
+/// `--migration-mode`, as virtiofsd names it. ceph-virtiofsd migrates by CephFS inode number
+/// (no paths, no file handles, no privilege), whatever the mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigrationMode {
+    /// virtiofsd's default; here: by inode number.
+    FindPaths,
+    /// Here: by inode number, which is what a file handle is to CephFS.
+    FileHandles,
+}
+
+/// `--posix-acl` and `--security-label`, as virtiofsd 1.14 takes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Support {
+    Never,
+    Auto,
+    Always,
 }
 
 /// vhost-user virtio-fs daemon serving CephFS through libcephfs.
@@ -163,9 +194,13 @@ pub enum SeccompMode {
 #[derive(Parser, Debug, Default, Clone)]
 #[command(name = "ceph-virtiofsd", version, about, long_about = None)]
 #[command(
+    override_usage = "ceph-virtiofsd [OPTIONS]\n       \
+ceph-virtiofsd quarantine <enable|disable|status> <PATH> [OPTIONS]",
     after_help = "Exit codes: 0 success, 1 runtime failure while serving, \
 2 usage or configuration error, 3 Ceph connection/mount failure.\n\
-RUST_LOG (tracing-subscriber EnvFilter syntax) overrides --log-level."
+RUST_LOG (tracing-subscriber EnvFilter syntax) overrides --log-level.\n\
+Subcommand: `ceph-virtiofsd quarantine enable|disable|status PATH` (also installed as \
+`ceph-virtiofsd-quarantine`) quarantines a CephFS subvolume for every daemon; see its --help."
 )]
 pub struct Args {
     /// TOML configuration file (see config/ceph-virtiofsd.toml); command-line options win.
@@ -174,8 +209,14 @@ pub struct Args {
 
     // ---- vhost-user ----
     /// Create a vhost-user listening socket at PATH (a stale socket file is replaced).
-    #[arg(long, value_name = "PATH", conflicts_with = "fd")]
+    /// virtiofsd's deprecated --socket is taken as its alias.
+    #[arg(long, value_name = "PATH", conflicts_with = "fd", alias = "socket")]
     pub socket_path: Option<PathBuf>,
+
+    /// Give the --socket-path socket to this group (name or gid), so that the frontend's user
+    /// connects through it (read and write by the umask).
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
 
     /// Serve on an already listening vhost-user socket inherited as file descriptor FD.
     #[arg(long, value_name = "FD")]
@@ -230,9 +271,24 @@ pub struct Args {
 
     /// Live migration, on the destination: what to do with a file, directory or open handle of
     /// the guest that cannot be found again in CephFS (deleted meanwhile, access lost).
-    /// Default: guest-error.
+    /// Default: guest-error (virtiofsd's is abort).
     #[arg(long, value_enum, value_name = "MODE")]
     pub migration_on_error: Option<MigrationOnError>,
+
+    /// Accepted for virtiofsd compatibility (KubeVirt passes find-paths): ceph-virtiofsd
+    /// always migrates by CephFS inode number, which needs neither paths nor privileges and
+    /// finds the very inode again (renames do not matter).
+    #[arg(long, value_enum, value_name = "MODE", hide_short_help = true)]
+    pub migration_mode: Option<MigrationMode>,
+
+    /// Accepted for virtiofsd compatibility: inode numbers already name the very inode, and
+    /// the destination checks each one's file type.
+    #[arg(long, hide_short_help = true)]
+    pub migration_verify_handles: bool,
+
+    /// Accepted for virtiofsd compatibility: no paths are sent, so none need confirming.
+    #[arg(long, hide_short_help = true)]
+    pub migration_confirm_paths: bool,
 
     // ---- FUSE behaviour ----
     /// Guest caching policy.
@@ -246,6 +302,12 @@ pub struct Args {
     /// Disable extended attributes.
     #[arg(long)]
     pub no_xattr: bool,
+
+    /// Serve the export read-only: every request that would change it (write, create, mkdir,
+    /// unlink, rename, link, setattr, setxattr, removexattr, fallocate, an open for writing or
+    /// truncation) fails with EROFS.
+    #[arg(long)]
+    pub readonly: bool,
 
     // ---- per-guest limits and policy ----
     /// Most inodes the guest may hold at once (looked up and not yet forgotten); each takes a
@@ -305,9 +367,17 @@ pub struct Args {
     #[command(flatten)]
     pub cluster: ClusterArgs,
 
-    /// Absolute path inside CephFS exported as the guest's root (default: /).
+    /// Absolute path inside CephFS exported as the guest's root. Required (here or as root in
+    /// the config file): the whole file system only when named, --ceph-root /.
     #[arg(long, value_name = "PATH")]
     pub ceph_root: Option<String>,
+
+    /// The guest's name, set in the CephFS session's client metadata (vm=NAME) so that `ceph
+    /// tell mds.* session ls` shows which VM a session serves (letters, digits and . _ - : @,
+    /// at most 64). Default: none (libvirt passes no domain name; the compat wrapper gives Kata's
+    /// sandbox id).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
 
     /// Extra libcephfs configuration option KEY=VALUE (repeatable), e.g. client_cache_size=16384.
     #[arg(long, value_name = "KEY=VALUE", action = ArgAction::Append)]
@@ -375,7 +445,9 @@ pub struct Args {
 
     // ---- least privilege and id mapping ----
     /// After opening the socket and mounting CephFS, switch to this user (name or uid; needs a
-    /// root start). The daemon then needs no host file access.
+    /// root start). The daemon then needs no host file access. Default: user ceph-virtiofsd
+    /// when started as root and that user exists (the Debian package creates it), else none;
+    /// --user root keeps uid 0.
     #[arg(long, value_name = "USER")]
     pub user: Option<String>,
 
@@ -383,8 +455,9 @@ pub struct Args {
     #[arg(long, value_name = "GROUP")]
     pub group: Option<String>,
 
-    /// Syscall filter installed after start-up: none, log (allow and log others) or kill
-    /// (default: kill the daemon on a syscall outside the allow-list).
+    /// Syscall filter installed after start-up: none, log (allow and log others), kill
+    /// (default: kill the daemon on a syscall outside the allow-list) or trap (SIGSYS: the
+    /// daemon ends with a core dump).
     #[arg(long, value_enum, value_name = "MODE")]
     pub seccomp: Option<SeccompMode>,
 
@@ -412,6 +485,10 @@ pub struct Args {
     #[arg(long, hide_short_help = true)]
     pub announce_submounts: bool,
 
+    /// Accepted (virtiofsd compatibility): the export has no submounts to announce.
+    #[arg(long, hide_short_help = true)]
+    pub no_announce_submounts: bool,
+
     /// Ignored (virtiofsd compatibility).
     #[arg(long, value_name = "MODE", num_args = 0..=1, default_missing_value = "prefer",
           hide_short_help = true)]
@@ -429,13 +506,17 @@ pub struct Args {
     #[arg(long, hide_short_help = true)]
     pub no_killpriv_v2: bool,
 
-    /// Ignored (virtiofsd compatibility).
-    #[arg(long, hide_short_help = true)]
-    pub posix_acl: bool,
+    /// Ignored (virtiofsd compatibility): no POSIX ACLs are offered to the guest (it checks
+    /// mode bits only); never is accepted silently.
+    #[arg(long, value_enum, value_name = "WHEN", num_args = 0..=1, require_equals = true,
+          default_missing_value = "auto", hide_short_help = true)]
+    pub posix_acl: Option<Support>,
 
-    /// Ignored (virtiofsd compatibility).
-    #[arg(long, hide_short_help = true)]
-    pub security_label: bool,
+    /// Ignored (virtiofsd compatibility): no security labels are stored at file creation;
+    /// never is accepted silently.
+    #[arg(long, value_enum, value_name = "WHEN", num_args = 0..=1, require_equals = true,
+          default_missing_value = "auto", hide_short_help = true)]
+    pub security_label: Option<Support>,
 
     /// Ignored (virtiofsd compatibility).
     #[arg(long, hide_short_help = true)]
@@ -454,10 +535,6 @@ pub struct Args {
     pub allow_mmap: bool,
 
     /// Ignored (virtiofsd compatibility).
-    #[arg(long, value_name = "GROUP", hide_short_help = true)]
-    pub socket_group: Option<String>,
-
-    /// Ignored (virtiofsd compatibility).
     #[arg(long, value_name = "N", hide_short_help = true)]
     pub rlimit_nofile: Option<u64>,
 
@@ -468,6 +545,15 @@ pub struct Args {
     /// Ignored (virtiofsd compatibility).
     #[arg(long, value_name = "MAP", hide_short_help = true)]
     pub xattrmap: Option<String>,
+
+    /// Refused: virtiofsd's user-namespace uid map (libvirt session mode) has no meaning
+    /// without a host directory; use --translate-uid.
+    #[arg(long, value_name = "MAP", action = ArgAction::Append, hide_short_help = true)]
+    pub uid_map: Vec<String>,
+
+    /// Refused: as --uid-map, for gids; use --translate-gid.
+    #[arg(long, value_name = "MAP", action = ArgAction::Append, hide_short_help = true)]
+    pub gid_map: Vec<String>,
 
     /// Ignored (virtiofsd compatibility: always runs in the foreground).
     #[arg(short = 'f', hide_short_help = true)]

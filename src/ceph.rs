@@ -44,6 +44,27 @@ pub struct CephAccess {
     /// access whose mounts never live at the same time: the MDS refuses a session with the uuid
     /// of a live one, and a reclaim with it ends whichever session has it.
     pub session_uuid: Option<String>,
+    /// The guest's name (`--name`): `vm=NAME` in the sessions' client metadata (see
+    /// [`client_metadata`]). `None`: only the daemon's version is set there.
+    pub name: Option<String>,
+}
+
+/// The CephFS client metadata of a session of this daemon (libcephfs's `client_metadata`,
+/// `key=value,...`; the MDS keeps it with the session, `ceph tell mds.* session ls` shows it and
+/// `client evict client_metadata.vm=NAME` selects by it): `vm=NAME` when the guest's name is
+/// known, and `ceph_virtiofsd=VERSION`. `operator` is a `client_metadata` the operator set
+/// (ceph.conf or `--ceph-opt`), kept after ours. The name is checked by the configuration (no
+/// `,` or `=`).
+pub fn client_metadata(name: Option<&str>, operator: Option<&str>) -> String {
+    let mut pairs = Vec::new();
+    if let Some(n) = name {
+        pairs.push(format!("vm={n}"));
+    }
+    pairs.push(format!("ceph_virtiofsd={}", env!("CARGO_PKG_VERSION")));
+    if let Some(o) = operator.map(str::trim).filter(|o| !o.is_empty()) {
+        pairs.push(o.to_owned());
+    }
+    pairs.join(",")
 }
 
 /// The CephFS session uuid of the device `instance_id` (`--instance-id`) served as cephx user
@@ -97,6 +118,7 @@ impl std::fmt::Debug for CephAccess {
             .field("options", &options)
             .field("mount_timeout", &self.mount_timeout)
             .field("session_uuid", &self.session_uuid)
+            .field("name", &self.name)
             .finish()
     }
 }
@@ -130,9 +152,21 @@ impl CephAccess {
                 &self.mount_timeout.as_secs().to_string(),
             )?;
         }
+        let is_metadata = |k: &str| k.trim().replace([' ', '-'], "_") == "client_metadata";
+        let mut operator_metadata = b.conf_get("client_metadata").ok();
         for (k, v) in &self.options {
+            if is_metadata(k) {
+                operator_metadata = Some(v.clone());
+                continue;
+            }
             b = b.conf_set(k, v)?;
         }
+        // Which VM and which software a session belongs to, for `session ls` (without
+        // evicting anything: it is only metadata).
+        b = b.conf_set(
+            "client_metadata",
+            &client_metadata(self.name.as_deref(), operator_metadata.as_deref()),
+        )?;
         if let Some(n) = &self.fs_name {
             b = b.select_filesystem(n)?;
         }
@@ -205,5 +239,23 @@ mod tests {
         assert!(shown.contains("client_cache_size") && shown.contains("4096"));
         assert!(shown.contains("vm1"));
         assert!(!is_secret_option("keyring") && !is_secret_option("keyfile"));
+    }
+
+    #[test]
+    fn client_metadata_names_the_vm_and_the_daemon() {
+        let v = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            client_metadata(Some("vm-1"), None),
+            format!("vm=vm-1,ceph_virtiofsd={v}")
+        );
+        assert_eq!(client_metadata(None, None), format!("ceph_virtiofsd={v}"));
+        assert_eq!(
+            client_metadata(None, Some(" rack=r1 ")),
+            format!("ceph_virtiofsd={v},rack=r1")
+        );
+        assert_eq!(
+            client_metadata(None, Some("")),
+            format!("ceph_virtiofsd={v}")
+        );
     }
 }

@@ -17,7 +17,6 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::{error, info, warn};
 use vhost::vhost_user::{Error as VhostUserError, Listener};
 use vhost_user_backend::{Error as DaemonLibError, VhostUserDaemon};
@@ -29,7 +28,7 @@ use crate::metrics::endpoint::{MetricsServer, Scrape};
 use crate::metrics::watchdog::Watchdog;
 use crate::metrics::FsStats;
 use crate::migration::DeviceState;
-use crate::server::ExtraOps;
+use crate::server::Servable;
 use crate::vhost_user::{BackendError, BackendOptions, VhostUserFsBackend};
 
 /// Why serving stopped with an error. Each message names the failing step.
@@ -87,6 +86,15 @@ pub enum DaemonError {
         #[source]
         source: io::Error,
     },
+    #[error("Cannot give the socket {path} to group {gid} (--socket-group): the daemon must own the socket and be a member of that group (or start as root)")]
+    SocketGroup {
+        path: PathBuf,
+        gid: u32,
+        #[source]
+        source: io::Error,
+    },
+    #[error("Cannot start the systemd watchdog thread")]
+    Watchdog(#[source] io::Error),
 }
 
 enum Event {
@@ -96,23 +104,11 @@ enum Event {
     HandedOver,
 }
 
-/// What [`serve`] needs of the filesystem: fuse-backend-rs's interface, the server's extra
-/// operations, statistics for the metrics, and its session state for migration and handover.
-pub trait Served:
-    FileSystem<Inode = u64, Handle = u64> + ExtraOps + FsStats + DeviceState + Send + Sync + 'static
-{
-}
+/// What [`serve`] needs of the filesystem: what the server serves ([`Servable`]), statistics
+/// for the metrics, and its session state for migration and handover.
+pub trait Exported: Servable + FsStats + DeviceState + 'static {}
 
-impl<F> Served for F where
-    F: FileSystem<Inode = u64, Handle = u64>
-        + ExtraOps
-        + FsStats
-        + DeviceState
-        + Send
-        + Sync
-        + 'static
-{
-}
+impl<F> Exported for F where F: Servable + FsStats + DeviceState + 'static {}
 
 /// Serve `fs` to one frontend (or, with `keep_serving`, to successive frontends).
 ///
@@ -120,14 +116,14 @@ impl<F> Served for F where
 /// request is running and none will be dispatched; other clones of `fs` may still exist (held by
 /// idle vhost-user threads), so tear the filesystem down through `&self`, then exit.
 /// With `Listen::Fd`, this takes ownership of that descriptor: call it at most once per process.
-pub fn serve<F: Served>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError> {
+pub fn serve<F: Exported>(config: &Config, fs: Arc<F>) -> Result<(), DaemonError> {
     serve_session(config, fs, false)
 }
 
 /// [`serve`], for a daemon that may have taken its guest's session over from a predecessor
 /// (`took_over`, `--handover`): that predecessor still holds the socket's pid lock until it
 /// exits, which it does at once, so the lock is waited for.
-pub fn serve_session<F: Served>(
+pub fn serve_session<F: Exported>(
     config: &Config,
     fs: Arc<F>,
     took_over: bool,
@@ -164,6 +160,10 @@ pub fn serve_session<F: Served>(
             return Err(e);
         }
     };
+    if let Err(e) = give_socket_to_group(config) {
+        signals.stop();
+        return Err(e);
+    }
     // Bound while privileges allow; served on a thread of its own once the frontend can come.
     let handover = match config.handover.as_deref().map(HandoverListener::bind) {
         None => None,
@@ -177,7 +177,7 @@ pub fn serve_session<F: Served>(
         }
     };
     // The metrics endpoint binds before privileges are dropped (it may need a low port).
-    let metrics = match start_metrics(config, stats) {
+    let metrics = match start_metrics(config, stats.clone()) {
         Ok(m) => m,
         Err(e) => {
             signals.stop();
@@ -190,6 +190,8 @@ pub fn serve_session<F: Served>(
         signals.stop();
         return Err(DaemonError::Sandbox(e));
     }
+    // systemd (Type=notify): the socket listens and CephFS is mounted.
+    notify_ready(config, stats.clone())?;
 
     let conn_backend = backend.clone();
     let keep_serving = config.keep_serving;
@@ -220,7 +222,9 @@ pub fn serve_session<F: Served>(
             .map_err(|e| DaemonError::Thread("handover", e))?;
     }
 
-    let result = match receiver.recv() {
+    let received = receiver.recv();
+    crate::notify::stopping();
+    let result = match received {
         Ok(Event::Signal(name)) => {
             info!("Received {name}: stopping");
             Ok(())
@@ -264,7 +268,7 @@ pub fn serve_session<F: Served>(
 /// again, at most every 30 s. Returns at once for a filesystem that does not recover.
 fn recovery_loop<F>(fs: &F, backend: &VhostUserFsBackend<F>)
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     const FIRST_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
     let mut backoff = FIRST_RETRY;
@@ -338,6 +342,33 @@ fn hand_admin_socket_to_user(config: &Config) {
     }
 }
 
+/// `--socket-group`: give the socket the daemon created to that group (its mode, 0777 less the
+/// umask, decides what the group may do).
+fn give_socket_to_group(config: &Config) -> Result<(), DaemonError> {
+    let (Listen::SocketPath(path), Some(gid)) = (&config.listen, config.socket_group) else {
+        return Ok(());
+    };
+    std::os::unix::fs::lchown(path, None, Some(gid)).map_err(|source| DaemonError::SocketGroup {
+        path: path.clone(),
+        gid,
+        source,
+    })
+}
+
+/// Tell systemd the daemon is ready (`Type=notify`), and start its watchdog pings, which the
+/// filesystem's tables must answer (see [`crate::notify`]). Nothing without `NOTIFY_SOCKET`.
+fn notify_ready(config: &Config, stats: Arc<dyn FsStats>) -> Result<(), DaemonError> {
+    let at = match &config.listen {
+        Listen::SocketPath(p) => p.display().to_string(),
+        Listen::Fd(fd) => format!("fd {fd}"),
+    };
+    crate::notify::ready(&format!("Serving CephFS on {at}"));
+    crate::notify::start_watchdog(move || {
+        let _ = (stats.node_count(), stats.handle_count());
+    })
+    .map_err(DaemonError::Watchdog)
+}
+
 /// How long a daemon that took the session over waits for its predecessor to exit and
 /// release the socket's pid lock (it exits at once; unmounting comes after the release).
 const PREDECESSOR_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
@@ -370,7 +401,7 @@ fn connection_loop<F>(
     state: &dyn DeviceState,
 ) -> Result<(), DaemonError>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     loop {
         backend.reset_connection();
@@ -646,6 +677,7 @@ impl SignalThread {
                         _ = &mut stopped => return,
                         () = watch => return,
                         _ = give_back_memory(stats) => return,
+                        () = crate::notify::heartbeat() => return,
                     };
                     let _ = events.send(Event::Signal(name));
                 });
@@ -703,9 +735,17 @@ mod tests {
             keep_serving,
             // serve() would install the filter on every thread of the test harness.
             seccomp: Some(crate::args::SeccompMode::None),
+            cluster: crate::args::ClusterArgs {
+                client_id: Some("t".to_owned()),
+                ..Default::default()
+            },
+            ceph_root: Some("/t".to_owned()),
             ..Default::default()
         };
-        Config::try_from(args).unwrap_or_else(|e| panic!("{e}"))
+        let mut config = Config::try_from(args).unwrap_or_else(|e| panic!("{e}"));
+        // serve() would switch the whole test harness to the package's user, if it exists.
+        config.sandbox.user = None;
+        config
     }
 
     fn wait_for_socket(path: &Path) {

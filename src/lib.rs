@@ -1,19 +1,8 @@
 //! ceph-virtiofsd: a vhost-user virtio-fs daemon whose storage is CephFS through libcephfs.
 //!
-//! Layers, top to bottom (each may not know about the ones above it; README's "Architecture"
-//! has the table of what each may import, `tests/layers.rs` checks it):
-//! - `daemon`: process lifecycle (socket, pid lock, signals, reconnects).
-//! - `args` / `config`: command line and TOML file, validated into [`config::Config`] of plain
-//!   types.
-//! - `vhost_user`: virtqueues, features, worker pool; generic over the filesystem.
-//! - `server`: FUSE pre-dispatch in front of fuse-backend-rs's server.
-//! - `fs`: the filesystem (CephFS) implements fuse-backend-rs's `FileSystem` plus
-//!   [`server::wire::ExtraOps`].
-//! - `quarantine`: the gate `fs` asks, its watcher and the operator command.
-//! - `metrics`: counters the layers above record into, with plain values.
-//! - leaves: `server::wire` (the FUSE wire format), `ceph` (reaching the cluster), `poll` (the
-//!   adaptive polling window of queue threads and of the bench's guest side), `logging`,
-//!   `sandbox`.
+//! The modules, what each is for and what each may import: docs/architecture.md ("What each
+//! layer may not know", "The import layers"); `tests/layers.rs` holds that table and checks
+//! every `crate::` path against it. The list below is only the modules, in no order.
 
 // Nothing a guest sends may panic the daemon or be silently truncated: no unwrap/expect, no
 // indexing or slicing that can panic, no lossy or silent `as`. Use `get`, `try_from` with a
@@ -42,11 +31,13 @@ pub mod idmap;
 pub mod logging;
 pub mod metrics;
 pub mod migration;
+pub mod notify;
 pub mod poll;
 pub mod quarantine;
 pub mod sandbox;
 pub mod server;
 pub mod vhost_user;
+pub mod wire;
 
 use std::process::ExitCode;
 
@@ -86,5 +77,5 @@ pub fn report(err: &dyn std::error::Error) -> String {
 
 /// The vhost-user capabilities JSON libvirt reads (`--print-capabilities`): `migrate-precopy`
 /// lets libvirt migrate a domain with this file system (device state and dirty-page logging,
-/// README "Live migration").
+/// docs/upgrade-and-migration.md).
 pub const CAPABILITIES_JSON: &str = "{\n  \"type\": \"fs\",\n  \"features\": [\n    \"migrate-precopy\",\n    \"separate-options\"\n  ]\n}\n";

@@ -75,6 +75,7 @@ fn fs_config(config: &Config) -> FsConfig {
     FsConfig {
         cache: config.cache,
         xattr: config.xattr,
+        readonly: config.readonly,
         max_nodes: config.guest.max_nodes,
         max_handles: config.guest.max_handles,
         held_inodes: config.guest.held_inodes,
@@ -120,10 +121,24 @@ fn start_quarantine(config: &Config) -> std::io::Result<Option<(Arc<Gate>, Watch
     quarantine::start(access, config.quarantine.clone(), &config.ceph.root).map(Some)
 }
 
-/// `ceph-virtiofsd quarantine ACTION PATH [ceph options]`: `argv` starts with "quarantine".
+/// `ceph-virtiofsd quarantine ACTION PATH [ceph options]` (`argv` starts with "quarantine"),
+/// or `ceph-virtiofsd-quarantine ACTION PATH ...` (the package's /usr/sbin command, a symlink to
+/// the daemon; `argv` starts with the program): `name` is the command's name in its help.
 /// Exit codes: 0 done, 2 usage, 3 Ceph failure.
-fn quarantine_command(argv: impl IntoIterator<Item = std::ffi::OsString>) -> ExitCode {
-    let a = QuarantineArgs::parse_from(argv);
+fn quarantine_command(
+    name: &'static str,
+    argv: impl IntoIterator<Item = std::ffi::OsString>,
+) -> ExitCode {
+    use clap::{CommandFactory, FromArgMatches};
+    // clap prints usage errors and help itself, and exits (2 for an error).
+    let matches = QuarantineArgs::command()
+        .name(name)
+        .bin_name(name)
+        .get_matches_from(argv);
+    let a = match QuarantineArgs::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
     let access = CephAccess {
         conf: a.cluster.ceph_conf,
         client_id: a.cluster.client_id,
@@ -132,6 +147,7 @@ fn quarantine_command(argv: impl IntoIterator<Item = std::ffi::OsString>) -> Exi
         options: Vec::new(),
         mount_timeout: DEFAULT_MOUNT_TIMEOUT,
         session_uuid: None,
+        name: None,
     };
     let action = match a.action {
         QuarantineAction::Enable => quarantine::Action::Enable,
@@ -262,14 +278,35 @@ fn log_reclaim(config: &Config, mount: &ceph_client::Mount) {
     }
 }
 
+/// The quarantine command's own name: the package installs it as /usr/sbin/ceph-virtiofsd-
+/// quarantine, a symlink to the daemon.
+const QUARANTINE_PROGRAM: &str = "ceph-virtiofsd-quarantine";
+
 fn main() -> ExitCode {
-    // `ceph-virtiofsd quarantine ...` is the operator command; everything else is the daemon's
-    // flat, virtiofsd-compatible command line.
+    // Before any thread exists (libcephfs starts its own): every thread inherits the empty
+    // bounding set, and the environment is changed while nobody else reads it.
+    if let Err(e) = ceph_virtiofsd::sandbox::drop_bounding_set_early() {
+        eprintln!("ceph-virtiofsd: {}", report(&e));
+        return Exit::Runtime.into();
+    }
+    if let Err(e) = ceph_virtiofsd::notify::init_from_env() {
+        eprintln!("ceph-virtiofsd: {}", report(&e));
+        return Exit::Usage.into();
+    }
+    // `ceph-virtiofsd quarantine ...` (or the daemon run as ceph-virtiofsd-quarantine) is the
+    // operator command; everything else is the daemon's flat, virtiofsd-compatible command line.
+    let program = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&program)
+        .file_name()
+        .is_some_and(|n| n == QUARANTINE_PROGRAM)
+    {
+        return quarantine_command(QUARANTINE_PROGRAM, std::env::args_os());
+    }
     if std::env::args_os()
         .nth(1)
         .is_some_and(|a| a == "quarantine")
     {
-        return quarantine_command(std::env::args_os().skip(1));
+        return quarantine_command("ceph-virtiofsd quarantine", std::env::args_os().skip(1));
     }
     let args = Args::parse(); // clap prints usage errors itself and exits with 2.
     if args.print_capabilities {
@@ -289,7 +326,9 @@ fn main() -> ExitCode {
     }
     info!(
         version = env!("CARGO_PKG_VERSION"),
+        name = config.ceph.access.name.as_deref().unwrap_or("-"),
         nonblocking_io = config.nonblocking_io,
+        readonly = config.readonly,
         "ceph-virtiofsd starting"
     );
     match run(&config) {

@@ -3,7 +3,7 @@
 //! filesystem (which produces and resolves them).
 //!
 //! A leaf: nothing here knows Ceph, FUSE dispatch or virtqueues. The format is documented in
-//! README ("Migration: the state format"); in short, all integers little-endian:
+//! docs/architecture.md ("The migration state format"); in short, all integers little-endian:
 //!
 //! ```text
 //! header   magic "CVFSSTAT" (8 bytes), version u32, body length u64, FNV-1a 64 of the body u64

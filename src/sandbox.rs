@@ -12,8 +12,13 @@
 //! 4. sets no_new_privs;
 //! 5. installs the seccomp allow-list on every thread at once (SECCOMP_FILTER_FLAG_TSYNC).
 //!
-//! Without `--user`, a daemon started as root keeps uid 0 and the threads libcephfs started
-//! before step 3 keep their capabilities (capabilities are per thread): run with `--user`.
+//! The bounding set is per thread too: [`drop_bounding_set_early`] empties it at the start of
+//! `main`, before libcephfs starts any thread, so that every thread inherits the empty set.
+//!
+//! Started as root without `--user`, the daemon switches to [`PACKAGE_USER`] when that user
+//! exists (the Debian package creates it): [`package_account`]. Only `--user root` keeps uid 0,
+//! and then the threads libcephfs started before step 3 keep their capabilities (capabilities
+//! are per thread).
 //!
 //! The syscall list is what the daemon, the rust-vmm crates and libcephfs (messenger, timers,
 //! logging) were seen to use (`strace -f -c` of the daemon serving a guest running the fs-suite),
@@ -46,7 +51,14 @@ pub enum SeccompMode {
     Log,
     /// Kill the daemon (the default).
     Kill,
+    /// Send the thread SIGSYS (virtiofsd's `trap`): unhandled, it ends the daemon with a core
+    /// dump that names the call.
+    Trap,
 }
+
+/// The unprivileged user the Debian package creates (packaging/systemd/ceph-virtiofsd.sysusers):
+/// a daemon started as root without `--user` switches to it when it exists.
+pub const PACKAGE_USER: &str = "ceph-virtiofsd";
 
 /// What [`enter`] does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +82,7 @@ impl Default for SandboxConfig {
 pub enum SandboxError {
     #[error("User {0:?} does not exist: give an existing user name or numeric uid to --user")]
     NoSuchUser(String),
-    #[error("Group {0:?} does not exist: give an existing group name or numeric gid to --group")]
+    #[error("Group {0:?} does not exist: give an existing group name or numeric gid")]
     NoSuchGroup(String),
     #[error("Numeric --user {0} has no passwd entry: give its group with --group")]
     NeedGroup(u32),
@@ -118,6 +130,37 @@ pub fn resolve_account(user: &str, group: Option<&str>) -> Result<Account, Sandb
         uid,
         gid,
     })
+}
+
+/// The account a daemon runs as when no `--user` is given: [`PACKAGE_USER`] (and its primary
+/// group) if this process runs as root and that user exists, else `None` (keep the starting
+/// user). libvirt and Kata start their virtio-fs daemon as root; this keeps such a daemon off
+/// uid 0 without any option.
+pub fn package_account() -> Result<Option<Account>, SandboxError> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Ok(None);
+    }
+    Ok(lookup_user(PACKAGE_USER)?.map(|(uid, gid)| Account {
+        name: PACKAGE_USER.to_owned(),
+        uid,
+        gid,
+    }))
+}
+
+/// Resolve a group name or number (`--socket-group`) to its gid.
+pub fn resolve_group(group: &str) -> Result<u32, SandboxError> {
+    match (lookup_group(group)?, group.parse::<u32>()) {
+        (Some(gid), _) | (None, Ok(gid)) => Ok(gid),
+        (None, Err(_)) => Err(SandboxError::NoSuchGroup(group.to_owned())),
+    }
+}
+
+/// Empty this thread's capability bounding set, once, before any other thread exists: threads
+/// inherit it, and a thread's bounding set only shrinks. Without CAP_SETPCAP (an unprivileged
+/// start) there is nothing to drop and this does nothing. Called first thing in `main`.
+pub fn drop_bounding_set_early() -> Result<(), SandboxError> {
+    drop_bounding_set()
 }
 
 fn cstring(s: &str) -> Result<CString, SandboxError> {
@@ -204,14 +247,21 @@ pub fn enter(config: &SandboxConfig) -> Result<(), SandboxError> {
         .map_err(SandboxError::NoNewPrivs)?;
     install_seccomp(config.seccomp)?;
     match &config.user {
+        Some(a) if a.uid == 0 => tracing::warn!(
+            user = %a.name, seccomp = ?config.seccomp,
+            "Running as root (--user {}): threads started before this point keep root's \
+             capabilities; give an unprivileged --user to drop them everywhere",
+            a.name
+        ),
         Some(a) => tracing::info!(
             user = %a.name, uid = a.uid, gid = a.gid, seccomp = ?config.seccomp,
             "Dropped privileges"
         ),
         None if euid == 0 => tracing::warn!(
             seccomp = ?config.seccomp,
-            "Running as root without --user: threads started before this point keep root's \
-             capabilities; give --user to drop them everywhere"
+            "Running as root: no --user was given and user {PACKAGE_USER} does not exist; \
+             threads started before this point keep root's capabilities: create that user or \
+             give --user to drop them everywhere"
         ),
         None => tracing::info!(seccomp = ?config.seccomp, "Dropped capabilities (no --user)"),
     }
@@ -329,6 +379,7 @@ pub fn install_seccomp(mode: SeccompMode) -> Result<(), SandboxError> {
         SeccompMode::None => return Ok(()),
         SeccompMode::Log => SeccompAction::Log,
         SeccompMode::Kill => SeccompAction::KillProcess,
+        SeccompMode::Trap => SeccompAction::Trap,
     };
     let program = build_filter(mismatch)?;
     seccompiler::apply_filter_all_threads(&program)

@@ -3,7 +3,7 @@
 //! fuse-backend-rs 0.14 answers COPY_FILE_RANGE and SYNCFS with ENOSYS, and hands SETLKW to
 //! the non-blocking `setlk`. The caller decodes the FUSE in-header once, decides where the
 //! request runs from that copy and hands it to us with the request; we handle those three opcodes ourselves
-//! (the first two through [`ExtraOps`]), and hand every other request to
+//! (the first two through [`WireOps`]), and hand every other request to
 //! `Server::handle_message` unchanged.
 //!
 //! What fuse-backend-rs must never see, we answer here from the decoded header: an opcode the
@@ -18,6 +18,7 @@
 use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::mem::size_of;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,12 +32,18 @@ use vm_memory::ByteValued;
 use crate::metrics;
 use crate::metrics::inflight::{self, RequestInfo};
 
+mod copied;
 #[cfg(libcephfs_nonblocking)]
 pub mod nonblocking;
-pub mod wire;
+mod ops;
 
-pub use wire::{ExtraOps, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
-use wire::{ReplyHead, OUT_HEADER_LEN, REPLY_HEAD_LEN};
+pub use ops::{AsyncOps, Servable, SessionOps, WireOps};
+#[cfg(libcephfs_nonblocking)]
+pub use ops::{AsyncReply, AsyncStart};
+
+use crate::wire::{
+    self, ReplyHead, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS, OUT_HEADER_LEN, REPLY_HEAD_LEN,
+};
 
 /// The opcodes the daemon serves; everything else is answered ENOSYS before fuse-backend-rs
 /// sees it. Linux `include/uapi/linux/fuse.h`: 7 (the old FUSE_BMAP slot) and 19 were never
@@ -82,10 +89,21 @@ pub enum ServerError {
     Fuse(#[source] fuse_backend_rs::Error),
 }
 
+/// What serving a request gave: the bytes written to the guest (or why nothing could be), and
+/// how long it took from the `start` the caller gave.
+#[derive(Debug)]
+pub struct Served {
+    pub written: Result<usize, ServerError>,
+    pub took: std::time::Duration,
+}
+
 /// The FUSE request dispatcher used by every queue.
 pub struct FuseServer<F: FileSystem + Send + Sync> {
     server: Server<Arc<F>>,
     fs: Arc<F>,
+    /// The protocol minor the guest's FUSE_INIT asked for (as fuse-backend-rs keeps it; the
+    /// newest it speaks until an INIT comes), for the requests served from a copy (`copied`).
+    minor: AtomicU32,
 }
 
 impl<F: FileSystem + Send + Sync> std::fmt::Debug for FuseServer<F> {
@@ -96,12 +114,67 @@ impl<F: FileSystem + Send + Sync> std::fmt::Debug for FuseServer<F> {
 
 impl<F> FuseServer<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     pub fn new(fs: Arc<F>) -> Self {
         FuseServer {
             server: Server::new(fs.clone()),
             fs,
+            minor: AtomicU32::new(fuse_backend_rs::abi::fuse_abi::KERNEL_MINOR_VERSION),
+        }
+    }
+
+    /// Whether [`Self::serve_copied`] serves `opcode`: the transport then hands it the request
+    /// copied out of guest memory instead of a `Reader` and `Writer`.
+    pub fn serves_copied(opcode: u32) -> bool {
+        copied::serves(opcode)
+    }
+
+    /// Serve one request of a kind [`Self::serves_copied`] names, copied whole out of guest
+    /// memory: `request` holds its bytes (in-header included, as the transport decoded it into
+    /// `header`), `reply` the room the guest gave for the answer. The bytes of `reply` written;
+    /// accounted as [`Self::handle_message`] accounts.
+    pub fn serve_copied(
+        &self,
+        header: InHeader,
+        request: &[u8],
+        reply: &mut [u8],
+        queue: usize,
+        start: Instant,
+    ) -> Served {
+        let body = request.get(size_of::<InHeader>()..).unwrap_or(&[]);
+        let tracked = inflight::track(start, || request_info_bytes(&header, body, queue));
+        let span = request_span(&header);
+        let _entered = span.enter();
+        let room = reply.len();
+        let result = match refusal(&header, request.len(), room) {
+            Some(errno) => {
+                copied::Out::new(reply, header.unique).error(&io::Error::from_raw_os_error(errno))
+            }
+            None => match self.context(&header) {
+                Ok(ctx) => {
+                    let mut out = copied::Out::new(reply, header.unique);
+                    self.dispatch_copied(&header, &ctx, body, &mut out)
+                }
+                Err(e) => copied::Out::new(reply, header.unique).error(&e),
+            },
+        };
+        let elapsed = start.elapsed();
+        let head = match &result {
+            Ok(n) if *n >= OUT_HEADER_LEN => {
+                let filled = (*n).min(REPLY_HEAD_LEN);
+                ReplyHead::parse(header.opcode, reply.get(..filled).unwrap_or(&[]), *n)
+            }
+            Ok(_) => None,
+            Err(_) => {
+                metrics::global().record_malformed();
+                None
+            }
+        };
+        self.answered(&header, tracked, head.as_ref(), elapsed, &span);
+        Served {
+            written: result,
+            took: elapsed,
         }
     }
 
@@ -116,35 +189,34 @@ where
     /// `reply_head(n)` reads back the first bytes (up to [`REPLY_HEAD_LEN`]) of the
     /// `n`-byte reply just written, for the metrics: the errno and WRITE's size are in there.
     /// Every request is counted in [`metrics::global`], logged in a debug-level span, and noted
-    /// in this thread's in-flight slot for the slow-request watchdog while it is served.
+    /// in this thread's in-flight slot for the slow-request watchdog while it is served. `start`
+    /// is when the caller began serving it; the time it took comes back with the result.
     pub fn handle_message<S: BitmapSlice>(
         &self,
         header: InHeader,
         reader: Reader<'_, S>,
         writer: Writer<'_, S>,
         queue: usize,
+        start: Instant,
         reply_head: impl FnOnce(usize) -> ([u8; REPLY_HEAD_LEN], usize),
-    ) -> Result<usize, ServerError> {
-        let start = Instant::now();
+    ) -> Served {
         let mut peek = reader.clone();
         let available = peek.available_bytes();
         // Step over the header: its bytes in guest memory are not looked at again.
         let mut skipped = [0u8; size_of::<InHeader>()];
         if peek.read_exact(&mut skipped).is_err() {
             metrics::global().record_malformed();
-            return Err(ServerError::ShortHeader(available));
+            return Served {
+                written: Err(ServerError::ShortHeader(available)),
+                took: start.elapsed(),
+            };
         }
         let tracked = inflight::track(start, || request_info(&header, &peek, queue));
-        let op = wire::opcode_name(usize::try_from(header.opcode).unwrap_or(0));
-        let span = tracing::debug_span!(
-            "fuse",
-            op,
-            unique = header.unique,
-            node = header.nodeid,
-            errno = tracing::field::Empty,
-            us = tracing::field::Empty,
-        );
+        let span = request_span(&header);
         let _entered = span.enter();
+        if header.opcode == wire::FUSE_INIT {
+            self.note_init(&peek);
+        }
         let result = self.dispatch(&header, reader, peek, writer);
         let elapsed = start.elapsed();
         let reply = match &result {
@@ -159,7 +231,10 @@ where
             }
         };
         self.answered(&header, tracked, reply.as_ref(), elapsed, &span);
-        result
+        Served {
+            written: result,
+            took: elapsed,
+        }
     }
 
     /// A request was answered after `elapsed` with `reply` (`None`: no out-header): clear its
@@ -191,6 +266,20 @@ where
         }
     }
 
+    /// The guest's FUSE_INIT: the protocol minor it speaks, when its major is 7 (what
+    /// fuse-backend-rs records; a newer major is answered with 7 and no minor recorded).
+    fn note_init<S: BitmapSlice>(&self, body: &Reader<'_, S>) {
+        use fuse_backend_rs::abi::fuse_abi::InitIn;
+        let mut head = [0u8; size_of::<InitIn>()];
+        if peek(&mut body.clone(), &mut head) == head.len() {
+            if let Some(init) = InitIn::from_slice(&head) {
+                if init.major == fuse_backend_rs::abi::fuse_abi::KERNEL_VERSION {
+                    self.minor.store(init.minor, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     fn dispatch<S: BitmapSlice>(
         &self,
         header: &InHeader,
@@ -199,35 +288,8 @@ where
         writer: Writer<'_, S>,
     ) -> Result<usize, ServerError> {
         let header = *header;
-        if !is_served(header.opcode) {
-            return reply_error(
-                header.unique,
-                writer,
-                &io::Error::from_raw_os_error(libc::ENOSYS),
-            );
-        }
-        // The declared length must cover the header and the opcode's in-struct (else
-        // fuse-backend-rs fails to decode it and the guest gets no reply) and lie within the
-        // chain's readable bytes (fuse-backend-rs sizes name and xattr buffers by it).
-        let declared = usize::try_from(header.len).unwrap_or(usize::MAX);
-        let needed = size_of::<InHeader>() + in_struct_len(header.opcode);
-        if declared < needed || declared > reader.available_bytes() {
-            return reply_error(
-                header.unique,
-                writer,
-                &io::Error::from_raw_os_error(libc::EINVAL),
-            );
-        }
-        // A request that hands the guest a node or a handle must have room for its whole
-        // reply: fuse-backend-rs writes it after the filesystem made the node or handle, and a
-        // reply the chain cannot hold is lost with a lookup count or handle nobody will give
-        // back (the hostile suite's 15-byte OPEN replies left one handle each).
-        if writer.available_bytes() < reply_len(header.opcode) {
-            return reply_error(
-                header.unique,
-                writer,
-                &io::Error::from_raw_os_error(libc::EINVAL),
-            );
+        if let Some(errno) = refusal(&header, reader.available_bytes(), writer.available_bytes()) {
+            return reply_error(header.unique, writer, &io::Error::from_raw_os_error(errno));
         }
         match header.opcode {
             FUSE_COPY_FILE_RANGE => self.copy_file_range(&header, peek, writer),
@@ -347,6 +409,38 @@ where
     }
 }
 
+/// What the server answers a request without serving it, from its header alone (`Some(errno)`):
+/// an opcode the daemon does not serve (ENOSYS); a declared length that does not cover the
+/// header and the opcode's in-struct (fuse-backend-rs would fail to decode it and the guest get
+/// no reply) or that the chain's `readable` bytes do not hold (fuse-backend-rs sizes name and
+/// xattr buffers by it) (EINVAL); a request that hands the guest a node or a handle without
+/// `writable` room for its whole reply (EINVAL: fuse-backend-rs writes it after the filesystem
+/// made the node or handle, and a reply the chain cannot hold is lost with a lookup count or
+/// handle nobody will give back; the hostile suite's 15-byte OPEN replies left one handle each).
+fn refusal(header: &InHeader, readable: usize, writable: usize) -> Option<i32> {
+    if !is_served(header.opcode) {
+        return Some(libc::ENOSYS);
+    }
+    let declared = usize::try_from(header.len).unwrap_or(usize::MAX);
+    let needed = size_of::<InHeader>() + in_struct_len(header.opcode);
+    if declared < needed || declared > readable || writable < reply_len(header.opcode) {
+        return Some(libc::EINVAL);
+    }
+    None
+}
+
+/// The debug-level span a request is logged in.
+fn request_span(header: &InHeader) -> tracing::Span {
+    tracing::debug_span!(
+        "fuse",
+        op = wire::opcode_name(usize::try_from(header.opcode).unwrap_or(0)),
+        unique = header.unique,
+        node = header.nodeid,
+        errno = tracing::field::Empty,
+        us = tracing::field::Empty,
+    )
+}
+
 /// Size of the fixed in-struct fuse-backend-rs 0.14 (or our own handler) reads first for
 /// `opcode`; 0 for requests that carry only names or nothing.
 fn in_struct_len(opcode: u32) -> usize {
@@ -409,6 +503,17 @@ fn request_info<S: BitmapSlice>(
     body: &Reader<'_, S>,
     queue: usize,
 ) -> RequestInfo {
+    let layout = ArgsLayout::of(header.opcode);
+    if layout == ArgsLayout::None {
+        return request_info_bytes(header, &[], queue);
+    }
+    let mut head = [0u8; ArgsLayout::PEEK];
+    let n = peek(&mut body.clone(), &mut head);
+    request_info_bytes(header, head.get(..n).unwrap_or(&[]), queue)
+}
+
+/// [`request_info`] of a request whose body (past the in-header) is `body`.
+fn request_info_bytes(header: &InHeader, body: &[u8], queue: usize) -> RequestInfo {
     let mut info = RequestInfo {
         opcode: header.opcode,
         unique: header.unique,
@@ -418,9 +523,8 @@ fn request_info<S: BitmapSlice>(
     };
     let layout = ArgsLayout::of(header.opcode);
     if layout != ArgsLayout::None {
-        let mut head = [0u8; ArgsLayout::PEEK];
-        let n = peek(&mut body.clone(), &mut head);
-        (info.fh, info.offset, info.size) = layout.parse(head.get(..n).unwrap_or(&[]));
+        let b = body.get(..ArgsLayout::PEEK.min(body.len())).unwrap_or(&[]);
+        (info.fh, info.offset, info.size) = layout.parse(b);
     }
     info
 }
@@ -462,7 +566,7 @@ impl ArgsLayout {
     const PEEK: usize = 48;
 
     fn of(opcode: u32) -> Self {
-        use wire::{
+        use crate::wire::{
             FUSE_FALLOCATE, FUSE_FLUSH, FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_GETLK, FUSE_LSEEK,
             FUSE_READ, FUSE_READDIR, FUSE_READDIRPLUS, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_SETLK,
             FUSE_WRITE,

@@ -43,7 +43,7 @@ const INJECT_OPS: u64 = 400;
 const INJECT_OPS_SHARE: u64 = 120;
 const INJECT_KINDS: [&str; 6] = ["flip", "chmod", "stray", "mtime", "link", "truncate"];
 /// Options of every run on the share. libcephfs reports ctime as the later of ctime and mtime
-/// (README.md, known limits): explicit times stay in the past (Nov 2023), as the 32-bit
+/// (docs/semantics.md, "Known limits"): explicit times stay in the past (Nov 2023), as the 32-bit
 /// seconds of CephFS keep them below 2^32 anyway.
 const SHARE_ARGS: &str = "--max-time 1700000000";
 /// A guest whose console is silent this long is stopped: fscheck prints a progress line every
@@ -383,7 +383,7 @@ fn fscheck_cache_metadata() {
 /// A divergence the soak found, kept as a fixed replay: after 28,682 operations a file renamed
 /// out of a directory stayed in libcephfs's cached listing of it (cache `metadata`, as the
 /// unprivileged user), and the guest's `ls` showed it there until operation 29,000 checked
-/// (README, "A renamed name leaves its directory's listing"). Deterministic on the code before
+/// (docs/semantics.md, "A renamed name leaves its directory's listing"). Deterministic on the code before
 /// the fix: two replays diverged at the same operation.
 #[test]
 fn fscheck_replay_a_renamed_file_leaves_its_old_directory() {

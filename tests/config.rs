@@ -55,6 +55,9 @@ fn example_config_parses() {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
     );
     assert_eq!(c.guest.held_inodes, 4096);
+    assert!(!c.readonly);
+    assert_eq!(c.socket_group, None, "commented out");
+    assert_eq!(c.ceph.access.name, None, "commented out");
     assert!(c.warnings.is_empty());
 }
 
@@ -123,5 +126,59 @@ fn example_config_documents_every_option() {
     assert!(
         missing.is_empty(),
         "config/ceph-virtiofsd.toml does not mention {missing:?}"
+    );
+}
+
+/// The daemon binary refuses to start with no Ceph client id or no export root (exit 2, usage
+/// or configuration error), and says what to add; naming client.admin and "/" is enough. On
+/// main it started with client.admin and CephFS "/".
+#[test]
+fn the_daemon_names_no_identity_or_root_by_itself() {
+    use std::process::Command;
+    let daemon = env!("CARGO_BIN_EXE_ceph-virtiofsd");
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("config-identity");
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("s.sock");
+    let sock = sock.to_str().unwrap();
+    let missing = dir.join("no-such-ceph.conf");
+    let conf = missing.to_str().unwrap();
+    for (extra, what) in [
+        (&[][..], "--client-id ID --ceph-root PATH"),
+        (
+            &["--ceph-root", "/volumes/_nogroup/vm1"][..],
+            "--client-id ID",
+        ),
+        (&["--client-id", "vm1"][..], "--ceph-root PATH"),
+    ] {
+        let out = Command::new(daemon)
+            .args(["--socket-path", sock, "--ceph-conf", conf])
+            .args(extra)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {err}");
+        assert!(
+            err.contains(what) && err.contains("--client-id admin --ceph-root /"),
+            "{err}"
+        );
+    }
+    // Named, the start goes on to the cluster (here: no ceph.conf, exit 3).
+    let out = Command::new(daemon)
+        .args(["--socket-path", sock, "--ceph-conf", conf])
+        .args([
+            "--client-id",
+            "admin",
+            "--ceph-root",
+            "/",
+            "--mount-timeout",
+            "1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

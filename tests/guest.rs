@@ -254,3 +254,111 @@ fn sigterm_unmounts_cleanly_under_a_live_guest() {
     );
     assert!(log.contains("CephFS unmounted"), "no clean unmount:\n{log}");
 }
+
+/// A guest that reboots sends no DESTROY: its next boot's FUSE_INIT must end the previous boot's
+/// session, and a request of the previous boot still waiting must not act for it afterwards.
+/// Boot 1 holds a POSIX lock of its own (`mine`) and waits in F_SETLKW for one a host client
+/// holds (`held`), then reboots (`reboot -f`: no close, no unmount). Boot 2 must get `mine` at
+/// once (the daemon released the dead boot's handles and the locks taken through them), and
+/// `held` once the host client lets go (the dead boot's wait is granted to nobody: the daemon
+/// gives the lock back instead of keeping it for a process that no longer exists).
+#[test]
+fn a_rebooted_guest_gets_back_the_locks_of_its_previous_boot() {
+    let lab = Lab::get();
+    let name = format!("guest-reboot-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let m = lab.ceph();
+    let perm = UserPerm::root();
+    let dir = walk(&m, &export);
+    let mut files = Vec::new();
+    for f in ["held", "mine"] {
+        let c = CString::new(f).unwrap();
+        let (_, _, file) = m
+            .create(
+                &dir,
+                &c,
+                0o666,
+                libc::O_RDWR | libc::O_CREAT,
+                CEPH_STATX_BASIC_STATS,
+                0,
+                &perm,
+            )
+            .unwrap();
+        files.push(file);
+    }
+    let whole = |t: i32| libc::flock {
+        l_type: t as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    };
+    files[0].setlk(&whole(libc::F_WRLCK), 1, false).unwrap();
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\n\
+        S=/opt/bin/fs-suite\n\
+        if [ ! -e /mnt/boot1 ]; then\n\
+          touch /mnt/boot1\n\
+          $S --lock-hold /mnt/mine &\n\
+          $S --lock-wait /mnt/held &\n\
+          sleep 3\n\
+          echo BOOT1: rebooting with a lock held and a lock wait in flight\n\
+          reboot -f\n\
+          sleep 60\n\
+        fi\n\
+        echo BOOT2\n\
+        rc=0\n\
+        $S --lock-try /mnt/mine || { echo \"not ok mine: the previous boot's lock is still held\"; rc=1; }\n\
+        touch /mnt/boot2\n\
+        i=0\n\
+        until $S --lock-try /mnt/held; do\n\
+          i=$((i + 1))\n\
+          if [ $i -ge 120 ]; then echo \"not ok held: the previous boot's lock wait kept the lock\"; rc=1; break; fi\n\
+          sleep 0.5\n\
+        done\n\
+        exit $rc\n";
+    let lab2 = Lab::get();
+    let work2 = work.clone();
+    let guest = std::thread::spawn(move || {
+        let mut d = daemon;
+        let adds = [(lab2.guest_bin.join("fs-suite"), "/opt/bin/fs-suite")];
+        let run = run_guest_env(
+            &lab2,
+            &work2,
+            &d,
+            script,
+            &adds,
+            900,
+            &[("GUEST_REBOOT", "1")],
+        );
+        d.stop();
+        (run, d.log_text())
+    });
+    let boot2 = CString::new("boot2").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(900);
+    while m
+        .lookup(&dir, &boot2, CEPH_STATX_BASIC_STATS, 0, &perm)
+        .is_err()
+    {
+        assert!(
+            std::time::Instant::now() < deadline && !guest.is_finished(),
+            "the guest never came back from its reboot"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    files[0].setlk(&whole(libc::F_UNLCK), 1, false).unwrap();
+    let (run, log) = guest.join().unwrap();
+    assert_eq!(
+        run.console.matches("GUEST-BOOT").count(),
+        2,
+        "{}",
+        run.console
+    );
+    assert!(run.not_ok().is_empty(), "{:?}\n{log}", run.not_ok());
+    assert_eq!(run.code(), 0, "{log}");
+    assert!(
+        log.contains("A new FUSE session begins before the last one ended"),
+        "{log}"
+    );
+}

@@ -334,7 +334,7 @@ fn hostile_created_nodes_stay_in_the_export() {
 }
 
 /// A directory the guest holds, moved out of the export by another client: its ".." is not
-/// handed out (the directory itself is another client's doing: see README's threat model).
+/// handed out (the directory itself is another client's doing: see docs/threat-model.md).
 #[test]
 fn hostile_dotdot_of_a_directory_moved_out() {
     let lab = Lab::get();

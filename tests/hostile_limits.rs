@@ -463,6 +463,173 @@ fn hostile_snapshots_hidden_has_no_snap_directory() {
     assert!(!names.iter().any(|n| n == ".snap"), "{names:?}");
 }
 
+/// `--snapshots hidden` never enters a `.snap` node, not even for a moment (review of f9264a9,
+/// finding 8). Before, the lookup entered the node, then forgot it: while it was in the table
+/// its id (the next allocated one, predictable) led into the snapshots from another queue, and
+/// with the node table full the lookup answered ENFILE (a refusal counted) where the name does
+/// not exist. Both are asked: the full table deterministically, the race by trying.
+#[test]
+fn hostile_snapshots_hidden_enters_no_snap_node_even_for_a_moment() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let s = setup(
+        "snaphid-race",
+        FsConfig {
+            snapshots: SnapshotPolicy::Hidden,
+            ..FsConfig::default()
+        },
+    );
+    operator_snapshot(&s, "ops");
+    let root = ctx(0, 0);
+    // The race: one queue looks `.snap` up again and again, another looks "ops" up in the
+    // node ids the next lookups would get (allocated ids count up from ALLOCATED_BIT | 2).
+    const ROUNDS: u64 = 20000;
+    let done = AtomicBool::new(false);
+    let tried = AtomicU64::new(0);
+    let escaped = std::thread::scope(|sc| {
+        let guesser = sc.spawn(|| {
+            let mut escaped = Vec::new();
+            while !done.load(Ordering::Relaxed) {
+                let next = tried.load(Ordering::Relaxed);
+                for id in (next..next + 1).map(|k| 1u64 << 63 | (2 + k)) {
+                    if let Ok(e) = s.fs.lookup(&root, id, c"ops") {
+                        escaped.push(e.inode);
+                    }
+                }
+            }
+            escaped
+        });
+        for i in 0..ROUNDS {
+            match s.lookup(&root, ROOT, ".snap") {
+                Ok(0) => {}
+                Ok(n) => panic!(".snap is visible: node {n}"),
+                Err(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOENT)),
+            }
+            tried.store(i + 1, Ordering::Relaxed);
+        }
+        done.store(true, Ordering::Relaxed);
+        guesser.join().unwrap()
+    });
+    // A full node table: the hidden name is still just not there.
+    let full = setup(
+        "snaphid-full",
+        FsConfig {
+            snapshots: SnapshotPolicy::Hidden,
+            max_nodes: 1,
+            ..FsConfig::default()
+        },
+    );
+    operator_snapshot(&full, "ops");
+    let at_limit = full.lookup(&root, ROOT, ".snap");
+    let mut failed = Vec::new();
+    if !escaped.is_empty() {
+        failed.push(format!(
+            "snapshot roots reached through a hidden .snap's node id in {ROUNDS} rounds: {}",
+            escaped.len()
+        ));
+    }
+    match at_limit {
+        Ok(0) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+        r => failed.push(format!("a hidden .snap with the node table full: {r:?}")),
+    }
+    if full.fs.limit_refusals() != (0, 0) {
+        failed.push(format!(
+            "refusals at the node limit counted: {:?}",
+            full.fs.limit_refusals()
+        ));
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// `.snap` directories and snapshots the guest keeps looked up count against `--held-inodes`
+/// like every other node (review of f9264a9, finding 3). Before, they were pinned: a guest
+/// keeping more of them than the limit (`stat d*/.snap`) held that many libcephfs inodes (and
+/// each `.snap` its directory's), and, the table never getting back under the limit, every
+/// re-find swept the whole table and released the guest's working set, so that each request
+/// on it found its inode again through the MDS.
+#[test]
+fn hostile_snap_lookups_kept_stay_within_held_inodes() {
+    const LIMIT: usize = 32;
+    let s = setup(
+        "snapheld",
+        FsConfig {
+            held_inodes: LIMIT,
+            ..FsConfig::default()
+        },
+    );
+    s.file("f", b"in the snapshot", 0o644, 0, false);
+    operator_snapshot(&s, "ops");
+    let root = ctx(0, 0);
+    let snap = s.lookup(&root, ROOT, ".snap").unwrap();
+    let ops = s.lookup(&root, snap, "ops").unwrap();
+    let in_snap = s.lookup(&root, ops, "f").unwrap();
+    let work: Vec<u64> = (0..8)
+        .map(|i| {
+            let (e, fh, _, _) =
+                s.fs.create(
+                    &root,
+                    ROOT,
+                    &c(&format!("w{i}")),
+                    create_in(libc::O_RDWR, 0o644, false),
+                )
+                .unwrap();
+            s.fs.release(&root, e.inode, 0, fh.unwrap(), false, false, None)
+                .unwrap();
+            e.inode
+        })
+        .collect();
+    let mut snaps = Vec::new();
+    for i in 0..300 {
+        let d =
+            s.fs.mkdir(&root, ROOT, &c(&format!("d{i}")), 0o755, 0)
+                .unwrap()
+                .inode;
+        snaps.push(s.lookup(&root, d, ".snap").unwrap());
+    }
+    let (held, _, refound_before) = s.fs.inode_refs();
+    // The working set, again and again.
+    for _ in 0..20 {
+        for &w in &work {
+            s.fs.getattr(&root, w, None).unwrap();
+        }
+    }
+    let (_, _, refound_after) = s.fs.inode_refs();
+    let refound = refound_after - refound_before;
+    println!(
+        "{} .snap nodes kept: {held} references held (limit {LIMIT}); {refound} re-finds for \
+         160 GETATTRs of a working set of {}",
+        snaps.len(),
+        work.len()
+    );
+    let mut failed = Vec::new();
+    if held > LIMIT + 1 {
+        failed.push(format!(
+            "{held} inode references held with {} .snap nodes kept, over a limit of {LIMIT}",
+            snaps.len()
+        ));
+    }
+    if refound > work.len() as u64 {
+        failed.push(format!(
+            "{refound} re-finds for 160 GETATTRs of a working set of {}",
+            work.len()
+        ));
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    // Everything released is found again: each `.snap`, the snapshot and the file in it.
+    for &n in &snaps {
+        s.fs.getattr(&root, n, None).unwrap();
+    }
+    let fh = s.open(&root, in_snap, libc::O_RDONLY).unwrap();
+    let mut sink = common::Sink(Vec::new());
+    s.fs.read(&root, in_snap, fh, &mut sink, 64, 0, None, 0)
+        .unwrap();
+    assert_eq!(sink.0, b"in the snapshot");
+    s.fs.release(&root, in_snap, 0, fh, false, false, None)
+        .unwrap();
+    assert_eq!(s.lookup(&root, ops, "f").unwrap(), in_snap);
+    assert!(s.fs.inode_refs().0 <= LIMIT + 1);
+}
+
 // ---- device nodes and privileged xattrs -------------------------------------------------
 
 #[test]

@@ -250,7 +250,11 @@ fn example_config_translation_and_sandbox() {
     let config = ceph_virtiofsd::config::Config::try_from(args)
         .unwrap_or_else(|e| panic!("{}", ceph_virtiofsd::report(&e)));
     assert_eq!(config.sandbox.seccomp, SeccompMode::Kill);
-    assert!(config.sandbox.user.is_none());
+    // No [sandbox] user: the package's user when started as root and it exists, else none.
+    assert_eq!(
+        config.sandbox.user,
+        ceph_virtiofsd::sandbox::package_account().unwrap_or_else(|e| panic!("{e}"))
+    );
     let ids = &config.idmap;
     let host_uid = |g| ids.host_uid(GuestUid::new(g)).ok().map(HostUid::get);
     assert_eq!(host_uid(1000), Some(101_000));

@@ -1,4 +1,4 @@
-//! The import layering of `src/` (README, "Architecture"): every `crate::` path in the library's
+//! The import layering of `src/` (docs/architecture.md, "The import layers"): every `crate::` path in the library's
 //! sources must point at a module the importing module may know. A new upward or circular
 //! import fails here with the file and line that makes it.
 //!
@@ -9,15 +9,18 @@ use std::path::{Path, PathBuf};
 
 /// The layers, bottom to top: each module and the modules it may import. A module may only
 /// name modules of rows above its own (checked below), so the table cannot hold a circle.
-/// `server::wire` is a node of its own: the FUSE wire format the server, the filesystem and
-/// the metrics share.
+/// `wire` is the FUSE wire format the server, the filesystem, the transport and the metrics
+/// share; the server's traits (`server::Servable` and its parts) are what the filesystem
+/// implements, so `fs` sits above `server`.
 const LAYERS: &[(&str, &[&str])] = &[
     // Leaves: know nothing of the rest of the daemon.
     ("poll", &[]),
     ("ceph", &[]),
     ("logging", &[]),
     ("sandbox", &[]),
-    ("server::wire", &[]),
+    // systemd's readiness and watchdog notifications (sd_notify).
+    ("notify", &[]),
+    ("wire", &[]),
     // The uid/gid translation rules and the typed ids of both sides.
     ("idmap", &[]),
     // The device state format of live migration, and the filesystem's side of it as a trait.
@@ -25,10 +28,12 @@ const LAYERS: &[(&str, &[&str])] = &[
     // The handover of a session to a successor daemon: moves migration states over a socket.
     ("handover", &["migration"]),
     // Counters take plain values; the wire format names their labels.
-    ("metrics", &["server::wire"]),
+    ("metrics", &["wire"]),
     // The quarantine: its gate, watcher and operator command, on its own settings type.
     ("quarantine", &["ceph", "idmap", "metrics"]),
-    // The filesystem: FUSE semantics over CephFS.
+    // FUSE dispatch and the traits it asks of a filesystem: generic, nothing of Ceph.
+    ("server", &["metrics", "wire"]),
+    // The filesystem: FUSE semantics over CephFS, serving the server's traits.
     (
         "fs",
         &[
@@ -37,21 +42,14 @@ const LAYERS: &[(&str, &[&str])] = &[
             "metrics",
             "migration",
             "quarantine",
-            "server::wire",
+            "server",
+            "wire",
         ],
     ),
-    // FUSE dispatch and the vhost-user transport: generic over the filesystem, nothing of Ceph.
-    ("server", &["metrics", "server::wire"]),
+    // The vhost-user transport: generic over the filesystem, nothing of Ceph.
     (
         "vhost_user",
-        &[
-            "handover",
-            "metrics",
-            "migration",
-            "poll",
-            "server",
-            "server::wire",
-        ],
+        &["handover", "metrics", "migration", "poll", "server", "wire"],
     ),
     // The command line (clap types) and the validated `Config` built from it.
     ("args", &[]),
@@ -79,10 +77,11 @@ const LAYERS: &[(&str, &[&str])] = &[
             "handover",
             "metrics",
             "migration",
+            "notify",
             "sandbox",
             "server",
-            "server::wire",
             "vhost_user",
+            "wire",
         ],
     ),
 ];
@@ -281,7 +280,7 @@ fn no_import_points_up_or_sideways() {
     }
     assert!(
         offences.is_empty(),
-        "{} import(s) against the layering (README, \"Architecture\"; table in tests/layers.rs):\n{}",
+        "{} import(s) against the layering (docs/architecture.md, \"The import layers\"; table in tests/layers.rs):\n{}",
         offences.len(),
         offences.join("\n")
     );
@@ -290,18 +289,18 @@ fn no_import_points_up_or_sideways() {
 #[test]
 fn the_scanner_sees_grouped_and_nested_paths() {
     let paths = crate_paths(code(
-        "use crate::{fs::CephFs, server::wire::{ReplyHead, X}}; // crate::poll",
+        "use crate::{fs::CephFs, server::ops::{Served, X}}; // crate::poll",
     ));
     assert_eq!(
         paths,
         vec![
             vec!["fs".to_owned(), "CephFs".to_owned()],
-            vec!["server".to_owned(), "wire".to_owned()],
+            vec!["server".to_owned(), "ops".to_owned()],
         ]
     );
     assert_eq!(
-        node_of(&["server".into(), "wire".into(), "ReplyHead".into()]),
-        Some("server::wire")
+        node_of(&["wire".into(), "opcode".into(), "FUSE_LOOKUP".into()]),
+        Some("wire")
     );
     assert_eq!(
         node_of(&["server".into(), "FuseServer".into()]),
@@ -310,4 +309,64 @@ fn the_scanner_sees_grouped_and_nested_paths() {
     assert_eq!(node_of(&["report".into()]), None);
     assert!(crate_paths(code("//! see `crate::fs`")).is_empty());
     assert!(crate_paths("$crate::fs::X; other_crate::fs::Y").is_empty());
+}
+
+/// docs/architecture.md shows the same table to readers: each module with what it may import.
+/// Rows of what is not a module of `src/` (the ceph-client crate, main.rs, the bench) are
+/// skipped.
+#[test]
+fn the_documented_table_is_this_one() {
+    let doc_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/architecture.md");
+    let doc = std::fs::read_to_string(&doc_path).expect("read docs/architecture.md");
+    // The backquoted names of a cell, outside its parenthesised remarks.
+    let backticked = |cell: &str| -> Vec<String> {
+        let mut bare = String::new();
+        let mut depth = 0usize;
+        for c in cell.chars() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth = depth.saturating_sub(1),
+                _ if depth == 0 => bare.push(c),
+                _ => {}
+            }
+        }
+        bare.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut documented: std::collections::BTreeMap<String, BTreeSet<String>> =
+        std::collections::BTreeMap::new();
+    for line in doc.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // "| layer | module | may import |": ["", layer, module, may import, ""]
+        let [_, layer, modules, imports, _] = cells.as_slice() else {
+            continue;
+        };
+        if layer.parse::<u32>().is_err() {
+            continue;
+        }
+        let imports: BTreeSet<String> = backticked(imports).into_iter().collect();
+        for m in backticked(modules) {
+            if m.contains('/') || m.contains('.') {
+                continue;
+            }
+            documented.insert(m, imports.clone());
+        }
+    }
+    let table: std::collections::BTreeMap<String, BTreeSet<String>> = LAYERS
+        .iter()
+        .map(|(m, deps)| {
+            (
+                (*m).to_owned(),
+                deps.iter().map(|d| (*d).to_owned()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        documented, table,
+        "the layer table of docs/architecture.md differs from LAYERS in tests/layers.rs: \
+         change both"
+    );
 }

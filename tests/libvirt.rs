@@ -21,8 +21,23 @@
 //! keeps serving after the guest (`--keep-serving`); `systemctl stop` ends it, and systemd must
 //! report exit status 0 and result "success".
 //!
+//! Both daemons keep no privilege: the one libvirt starts as root switches to user
+//! ceph-virtiofsd after the mount, the unit's runs as a user of its own, and no thread of either
+//! keeps a capability (/proc/PID/task/*/status). The share's .toml names the VM (`name`), which
+//! the MDS shows in the session's client metadata.
+//!
+//! [`a_plain_virtiofs_share_never_reaches_ceph_virtiofsd`]: on a host with the Ceph admin
+//! keyring in /etc/ceph and no virtiofsd, a domain with a plain `<filesystem>` (a host
+//! directory, no `<binary>`) does not get CephFS: as the package installs it (no vhost-user
+//! descriptor) libvirt finds no back-end and the domain does not start; with the example
+//! descriptor copied to /etc/qemu/vhost-user by an administrator, libvirt runs the compat
+//! wrapper, which refuses the directory: the domain does not start, and libvirt's log of the
+//! daemon (/var/log/libvirt/qemu/DOMAIN-fs0-virtiofsd.log) holds the reason. On main the descriptor was
+//! installed and the wrapper dropped the directory: the domain started with CephFS "/" as
+//! client.admin, served by a daemon running as root (the review's run).
+//!
 //! Run alone: `tests/lab/libvirt` (as root, once), then `cargo test --test libvirt` with the lab's
-//! environment (see tests/run).
+//! environment (see tests/run). The two tests take turns (one libvirtd at a time).
 
 mod common;
 
@@ -429,10 +444,12 @@ fn run_domain(
     lv.virsh_ok(&["undefine", dom]);
 }
 
-/// The keyring of client.admin alone, for the shares' .toml files.
-fn write_share_config(lab: &Lab, run: &Path, export: &str) {
-    let etc = run.join("etc");
-    let keyring = etc.join("ceph.client.admin.keyring");
+/// The host's Ceph configuration, as on a hyperconverged host: /etc/ceph/ceph.conf (the
+/// cluster's, less its own keyring and run dir) and the client.admin keyring, root-only.
+fn write_host_ceph(lab: &Lab, run: &Path) {
+    let etc_ceph = run.join("etc-ceph");
+    std::fs::create_dir_all(&etc_ceph).unwrap();
+    let keyring = etc_ceph.join("ceph.client.admin.keyring");
     let st = Command::new("ceph")
         .arg("-c")
         .arg(&lab.conf)
@@ -442,8 +459,7 @@ fn write_share_config(lab: &Lab, run: &Path, export: &str) {
         .status()
         .unwrap();
     assert!(st.success(), "ceph auth get client.admin: {st}");
-    // The cluster's ceph.conf names its own keyring and run dir (root's): the daemon of the
-    // systemd unit (user ceph-virtiofsd) reads a copy without them, next to its keyring.
+    set_mode(&keyring, 0o600);
     let conf: String = std::fs::read_to_string(&lab.conf)
         .unwrap()
         .lines()
@@ -453,18 +469,106 @@ fn write_share_config(lab: &Lab, run: &Path, export: &str) {
         })
         .map(|l| format!("{l}\n"))
         .collect();
-    std::fs::write(etc.join("ceph.conf"), conf).unwrap();
+    std::fs::write(etc_ceph.join("ceph.conf"), conf).unwrap();
+    set_mode(&etc_ceph.join("ceph.conf"), 0o644);
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+}
+
+/// The share's configuration and key in /etc/ceph-virtiofsd, root-only, as
+/// packaging/README.md asks: vm1.toml (its Ceph settings, the VM's name) and vm1.keyring (the
+/// lab has client.admin only; the .toml names it explicitly). The systemd unit gets both as
+/// credentials; the compat wrapper, run as root by libvirt, reads them directly.
+fn write_share_config(lab: &Lab, run: &Path, export: &str) {
+    write_host_ceph(lab, run);
+    let etc = run.join("etc");
+    std::fs::copy(
+        run.join("etc-ceph/ceph.client.admin.keyring"),
+        etc.join("vm1.keyring"),
+    )
+    .unwrap();
     std::fs::write(
         etc.join("vm1.toml"),
         format!(
-            "# written by tests/libvirt.rs\n[ceph]\nconf = \"/etc/ceph-virtiofsd/ceph.conf\"\n\
-             client-id = \"{}\"\nkeyring = \"/etc/ceph-virtiofsd/ceph.client.admin.keyring\"\n\
-             root = \"{export}\"\n[log]\nlevel = \"info\"\n",
+            "# written by tests/libvirt.rs\n[ceph]\nconf = \"/etc/ceph/ceph.conf\"\n\
+             client-id = \"{}\"\nkeyring = \"/etc/ceph-virtiofsd/vm1.keyring\"\n\
+             root = \"{export}\"\nname = \"vm1\"\n[log]\nlevel = \"info\"\n",
             lab.client_id
         ),
     )
     .unwrap();
+    for f in ["vm1.keyring", "vm1.toml"] {
+        std::os::unix::fs::chown(etc.join(f), Some(0), Some(0)).unwrap();
+        set_mode(&etc.join(f), 0o600);
+    }
+    std::os::unix::fs::chown(&etc, Some(0), Some(0)).unwrap();
+    set_mode(&etc, 0o750);
 }
+
+/// Every thread of `pid`: its uids, and no capability in its effective, permitted, bounding or
+/// ambient set. The uid (all four the same) is returned.
+fn assert_no_privilege_in_any_thread(pid: &str, diag: &dyn Fn() -> String) -> u32 {
+    let mut uids = std::collections::BTreeSet::new();
+    let mut threads = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/task: {e}\n{}", diag()))
+        .filter_map(|t| t.ok())
+    {
+        let text = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        if text.is_empty() {
+            continue;
+        }
+        threads += 1;
+        let line = |f: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{f}:")))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>())
+                .unwrap_or_default()
+        };
+        let name = line("Name").join(" ");
+        let uid = line("Uid");
+        assert!(
+            uid.len() == 4 && uid.iter().all(|u| *u == uid[0]) && uid[0] != "0",
+            "thread {name} of {pid} runs as uid {uid:?}\n{}",
+            diag()
+        );
+        uids.insert(uid[0].to_owned());
+        for set in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+            assert_eq!(
+                line(set),
+                ["0000000000000000"],
+                "{set} of thread {name} of {pid}\n{}",
+                diag()
+            );
+        }
+    }
+    assert!(threads > 1, "{pid}: one thread only");
+    assert_eq!(uids.len(), 1, "{pid}: threads of several uids: {uids:?}");
+    uids.into_iter().next().unwrap().parse().unwrap()
+}
+
+/// (client id, client metadata) of the MDS sessions whose client mounted `root`.
+fn metadata_of_root(lab: &Lab, root: &str) -> Vec<serde_json::Value> {
+    let out = Command::new("ceph")
+        .arg("-c")
+        .arg(&lab.conf)
+        .args(["tell", "mds.*", "session", "ls", "--format=json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "session ls: {}", show(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["client_metadata"].clone())
+        .filter(|m| m["root"].as_str() == Some(root))
+        .collect()
+}
+
+/// One libvirtd of the lab at a time: the tests of this file take turns.
+static ONE_LIBVIRTD: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// The unit's `KEY=` value.
 fn unit_value(unit: &str, key: &str) -> String {
@@ -483,6 +587,7 @@ fn unit_value(unit: &str, key: &str) -> String {
 
 #[test]
 fn libvirt_runs_the_packaged_domains() {
+    let _turn = ONE_LIBVIRTD.lock().unwrap_or_else(|e| e.into_inner());
     let lab = Lab::get();
     let script = lab_script(&lab);
     let check = Command::new(&script).arg("--check").output().unwrap();
@@ -504,37 +609,31 @@ fn libvirt_runs_the_packaged_domains() {
     let kernel = std::fs::canonicalize(lab.kernel_cache.join("bookworm")).unwrap();
     let lv = Libvirt::start(&lab, &run, &[cluster, kernel]);
 
-    // The group of the unit's user owns /etc/ceph-virtiofsd and reads the keyring (what the
-    // postinst and packaging/README.md ask of the administrator).
+    // The package's user and group (packaging/systemd/ceph-virtiofsd.sysusers; the lab's root
+    // filesystem has them): a daemon libvirt starts as root switches to that user, and the
+    // unit's sockets belong to that group.
     let unit =
         std::fs::read_to_string(lab.top.join("packaging/systemd/ceph-virtiofsd@.service")).unwrap();
-    let (user, group) = (unit_value(&unit, "User"), unit_value(&unit, "Group"));
-    let gid = lv.exec(&["getent", "group", &group]);
-    assert!(
-        gid.status.success(),
-        "no group {group} in the lab's root filesystem: {}",
-        show(&gid)
-    );
-    let gid: u32 = String::from_utf8_lossy(&gid.stdout)
-        .split(':')
-        .nth(2)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let group = unit_value(&unit, "SupplementaryGroups");
+    let id_of = |db: &str, name: &str| -> u32 {
+        let o = lv.exec(&["getent", db, name]);
+        assert!(
+            o.status.success(),
+            "no {db} {name} in the lab's root filesystem: {}",
+            show(&o)
+        );
+        String::from_utf8_lossy(&o.stdout)
+            .split(':')
+            .nth(2)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let package_uid = id_of("passwd", "ceph-virtiofsd");
 
     // --- domain 1: libvirt starts the daemon through the compat wrapper ---
     let export1 = lab.export_dir(&format!("libvirt-binary-{}", std::process::id()));
     write_share_config(&lab, &run, &export1);
-    for f in ["ceph.client.admin.keyring", "vm1.toml", "ceph.conf"] {
-        std::os::unix::fs::chown(etc.join(f), Some(0), Some(gid)).unwrap();
-        std::fs::set_permissions(
-            etc.join(f),
-            std::os::unix::fs::PermissionsExt::from_mode(0o640),
-        )
-        .unwrap();
-    }
-    std::os::unix::fs::chown(&etc, Some(0), Some(gid)).unwrap();
-    std::fs::set_permissions(&etc, std::os::unix::fs::PermissionsExt::from_mode(0o750)).unwrap();
 
     let pid1 = std::cell::RefCell::new(String::new());
     run_domain(
@@ -578,6 +677,26 @@ fn libvirt_runs_the_packaged_domains() {
             }
             assert!(argv.iter().any(|a| a.starts_with("--fd=")), "{argv:?}");
             assert!(!argv.iter().any(|a| a.contains("shared-dir")), "{argv:?}");
+            // What libvirt passes in the environment: no domain name (hence `name` in the
+            // share's .toml file).
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let env: Vec<String> = env
+                .split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            println!("its environment: {env:?}");
+            // Started as root by libvirt: now the package's user, no capability in any thread.
+            let uid = assert_no_privilege_in_any_thread(&pid, &|| {
+                lv.log("libvirt/qemu/vm1-fs0-virtiofsd.log")
+            });
+            assert_eq!(uid, package_uid, "the daemon libvirt started runs as {uid}");
+            // The VM's name, from the share's .toml, in the session's metadata.
+            let meta = metadata_of_root(&lab, &export1);
+            assert!(
+                meta.iter().all(|m| m["vm"] == "vm1"),
+                "client metadata of the export's session: {meta:#?}"
+            );
             *pid1.borrow_mut() = pid;
         },
     );
@@ -610,20 +729,12 @@ fn libvirt_runs_the_packaged_domains() {
         log.contains("CephFS unmounted") && log.contains("ceph-virtiofsd stopped"),
         "the daemon libvirt started did not stop cleanly:\n{log}"
     );
-    // What libvirt 11 ran (for the README's notes): the wrapper, with virtiofsd's options.
+    // What libvirt 11 ran (for the notes of docs/libvirt.md): the wrapper, with virtiofsd's options.
     println!("---- daemon log (libvirt's) ----\n{log}");
 
     // --- domain 2: the daemon of the systemd unit, libvirt connects to its socket ---
     let export2 = lab.export_dir(&format!("libvirt-socket-{}", std::process::id()));
     write_share_config(&lab, &run, &export2);
-    for f in ["ceph.client.admin.keyring", "vm1.toml", "ceph.conf"] {
-        std::os::unix::fs::chown(etc.join(f), Some(0), Some(gid)).unwrap();
-        std::fs::set_permissions(
-            etc.join(f),
-            std::os::unix::fs::PermissionsExt::from_mode(0o640),
-        )
-        .unwrap();
-    }
     // Real systemd (a container booted next to libvirtd) starts the unit as shipped, its sandbox
     // included; /run/ceph-virtiofsd is one directory for both.
     let sd = Systemd::boot(&lab, &run);
@@ -634,31 +745,57 @@ fn libvirt_runs_the_packaged_domains() {
         show(&started),
         sd.journal()
     );
+    // Type=notify: `systemctl start` returned once the socket listened and CephFS was mounted.
     let sock = run.join("unit-run/vm1.sock");
-    wait_for(
-        "ceph-virtiofsd@vm1 listens on /run/ceph-virtiofsd/vm1.sock",
-        60,
-        || {
-            let active = sd.show("ActiveState");
-            assert!(
-                active == "active" || active == "activating",
-                "ceph-virtiofsd@vm1 is {active}:\n{}",
-                sd.journal()
-            );
-            sock.exists()
-        },
-        || sd.journal(),
+    assert!(
+        sock.exists(),
+        "systemctl start ceph-virtiofsd@vm1 returned before its socket existed:\n{}",
+        sd.journal()
     );
-    // What the unit promises: its user and group own the socket, the group may connect (read and
-    // write), others may not. (Names as the lab's root filesystem has them.)
-    let mode = lv.exec(&["stat", "-c", "%a %U %G", "/run/ceph-virtiofsd/vm1.sock"]);
+    assert_eq!(sd.show("ActiveState"), "active", "{}", sd.journal());
+    // What the unit promises: the instance's own user owns the socket, group ceph-virtiofsd may
+    // connect (read and write), others may not.
+    let mode = lv.exec(&["stat", "-c", "%a %u %G", "/run/ceph-virtiofsd/vm1.sock"]);
+    let mode = String::from_utf8_lossy(&mode.stdout).trim().to_owned();
+    let fields: Vec<&str> = mode.split(' ').collect();
     assert_eq!(
-        String::from_utf8_lossy(&mode.stdout).trim(),
-        format!("770 {user} {group}"),
-        "the unit's socket: 0777 less its UMask, its User= and Group="
+        (fields[0], fields[2]),
+        ("770", group.as_str()),
+        "the unit's socket ({mode}): 0777 less its UMask, group {group} (--socket-group)"
+    );
+    let owner: u32 = fields[1].parse().unwrap();
+    assert!(
+        owner != 0 && owner != package_uid,
+        "the socket's owner {owner}: the instance's dynamic user, not root nor the shared user"
     );
     // The daemon's pid in the container's pid namespace, as its session metadata has it.
     let main_pid = sd.show("MainPID");
+    // ... and on the host, where /proc shows its threads: the instance's user, no capability.
+    let host_pid = {
+        let s = sessions_of_root(&lab, &export2);
+        assert!(!s.is_empty(), "no session of ceph-virtiofsd@vm1");
+        // The session's pid is in the container's namespace: find the host's by NSpid.
+        let ns_pid = s[0].1.clone();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .filter(|p| p.chars().all(|c| c.is_ascii_digit()))
+            .find(|p| {
+                let st = std::fs::read_to_string(format!("/proc/{p}/status")).unwrap_or_default();
+                let comm = std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+                comm.trim() == "ceph-virtiofsd"
+                    && st.lines().any(|l| {
+                        l.starts_with("NSpid:") && l.split_whitespace().last() == Some(&ns_pid)
+                    })
+            })
+            .unwrap_or_else(|| panic!("no host pid for the unit's daemon (pid {ns_pid} inside)"))
+    };
+    assert_eq!(
+        assert_no_privilege_in_any_thread(&host_pid, &|| sd.journal()),
+        owner,
+        "the daemon runs as the socket's owner"
+    );
     run_domain(
         &lab,
         &lv,
@@ -692,5 +829,139 @@ fn libvirt_runs_the_packaged_domains() {
         sessions_of_root(&lab, &export2).is_empty(),
         "the MDS still lists ceph-virtiofsd@vm1's session"
     );
+    drop(lv);
+}
+
+/// A domain with an ordinary virtiofs share: a host directory, no `<binary>`, libvirt picks the
+/// back-end from the vhost-user descriptors.
+fn plain_domain_xml(kernel: &Path, initrd: &Path, console: &Path, dir: &Path) -> String {
+    format!(
+        "<domain type='qemu'>\n  <name>plain</name>\n  <memory unit='MiB'>512</memory>\n  \
+         <vcpu>1</vcpu>\n  <memoryBacking>\n    <source type='memfd'/>\n    \
+         <access mode='shared'/>\n  </memoryBacking>\n  <os>\n    \
+         <type arch='x86_64' machine='q35'>hvm</type>\n    <kernel>{}</kernel>\n    \
+         <initrd>{}</initrd>\n    <cmdline>console=ttyS0 quiet panic=-1 vfs_tag=plain</cmdline>\n  \
+         </os>\n  <devices>\n    <filesystem type='mount' accessmode='passthrough'>\n      \
+         <driver type='virtiofs'/>\n      <source dir='{}'/>\n      <target dir='plain'/>\n    \
+         </filesystem>\n    <serial type='file'><source path='{}'/></serial>\n  </devices>\n\
+         </domain>\n",
+        kernel.display(),
+        initrd.display(),
+        dir.display(),
+        console.display()
+    )
+}
+
+/// The ceph-virtiofsd processes running in the lab's root filesystem `root` (libvirtd's
+/// children are chrooted there; other daemons of the host are not counted).
+fn lab_daemons(root: &Path) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|p| p.chars().all(|c| c.is_ascii_digit()))
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "ceph-virtiofsd")
+                && std::fs::read_link(format!("/proc/{p}/root")).is_ok_and(|r| r == root)
+        })
+        .collect()
+}
+
+#[test]
+fn a_plain_virtiofs_share_never_reaches_ceph_virtiofsd() {
+    let _turn = ONE_LIBVIRTD.lock().unwrap_or_else(|e| e.into_inner());
+    let lab = Lab::get();
+    let script = lab_script(&lab);
+    let check = Command::new(&script).arg("--check").output().unwrap();
+    assert!(
+        check.status.success(),
+        "the libvirt lab is not ready ({}): run `tests/lab/libvirt` as root once (tests/run \
+         does), then this test again",
+        check.status
+    );
+    let _ = Command::new(&script)
+        .arg("--stop")
+        .arg(lab.dir.join("scratch/libvirt-plain"))
+        .status();
+    let root = PathBuf::from(String::from_utf8_lossy(&check.stdout).trim());
+    let run = std::fs::canonicalize(lab.scratch("libvirt-plain")).unwrap();
+    // A hyperconverged host: the cluster's ceph.conf and the client.admin keyring in /etc/ceph.
+    write_host_ceph(&lab, &run);
+    let plain = run.join("srv-plain");
+    std::fs::create_dir_all(&plain).unwrap();
+    let cluster = std::fs::canonicalize(lab.conf.parent().unwrap()).unwrap();
+    let kernel = std::fs::canonicalize(lab.kernel_cache.join("bookworm")).unwrap();
+    let lv = Libvirt::start(&lab, &run, &[cluster, kernel]);
+    let (kernel, initrd) = initramfs(&lab, &run, "plain");
+    let console = run.join("plain.console.log");
+    let xml = run.join("plain.xml");
+    std::fs::write(&xml, plain_domain_xml(&kernel, &initrd, &console, &plain)).unwrap();
+    lv.virsh_ok(&["define", xml.to_str().unwrap()]);
+    let sessions_of_all = || metadata_of_root(&lab, "/");
+    let before = sessions_of_all().len();
+    let daemons_before = lab_daemons(&root);
+
+    // 1. As the package installs it: no descriptor where libvirt looks. libvirt finds no
+    //    virtio-fs back-end; the domain does not start, no ceph-virtiofsd runs.
+    let started = lv.virsh(&["start", "plain"]);
+    let err = String::from_utf8_lossy(&started.stderr).into_owned();
+    println!("virsh start plain, no descriptor: {}", show(&started));
+    let qemu_log = lv.log("libvirt/qemu/plain.log");
+    assert!(
+        !started.status.success(),
+        "a plain share started a domain with no virtio-fs back-end installed:\n{}\n{qemu_log}",
+        show(&started)
+    );
+    assert!(
+        !qemu_log.contains("ceph-virtiofsd"),
+        "libvirt started ceph-virtiofsd for a plain share:\n{qemu_log}"
+    );
+    assert_eq!(lab_daemons(&root), daemons_before);
+    assert!(
+        sessions_of_all().len() <= before,
+        "a new CephFS session on /"
+    );
+    assert_ne!(lv.domstate("plain"), "running", "{err}");
+
+    // 2. An administrator copied the example descriptor to /etc/qemu/vhost-user, making
+    //    ceph-virtiofsd the host's virtio-fs back-end: libvirt runs the compat wrapper, which
+    //    refuses the host directory (no ceph-virtiofsd.toml, no Ceph settings); virsh says why.
+    std::fs::copy(
+        lab.top.join("packaging/examples/60-ceph-virtiofsd.json"),
+        run.join("etc-vhost-user/60-ceph-virtiofsd.json"),
+    )
+    .unwrap();
+    let started = lv.virsh(&["start", "plain"]);
+    println!(
+        "virsh start plain, example descriptor installed: {}",
+        show(&started)
+    );
+    let daemon_log = lv.log("libvirt/qemu/plain-fs0-virtiofsd.log");
+    let qemu_log = lv.log("libvirt/qemu/plain.log");
+    println!("---- QEMU log ----\n{qemu_log}\n---- daemon log ----\n{daemon_log}");
+    assert!(
+        !started.status.success(),
+        "the plain share started with ceph-virtiofsd as its back-end:\n{}\n{daemon_log}",
+        show(&started)
+    );
+    assert!(
+        qemu_log.contains("/usr/libexec/ceph-virtiofsd-compat --fd="),
+        "libvirt did not run the descriptor's binary:\n{qemu_log}"
+    );
+    let refusal = "holds no ceph-virtiofsd.toml";
+    assert!(
+        daemon_log.contains(refusal),
+        "the wrapper's refusal is not in libvirt's log of the daemon:\n{daemon_log}"
+    );
+    // libvirt 11 reports the back-end's death ("virtiofsd died unexpectedly", or, when it is
+    // still exiting, QEMU's refused connection to its socket) without its words: those are in
+    // its log of the daemon, checked above, where `virsh start` points an administrator.
+    assert_eq!(lab_daemons(&root), daemons_before, "a daemon kept running");
+    assert!(
+        sessions_of_all().len() <= before,
+        "a new CephFS session on /"
+    );
+    lv.virsh_ok(&["undefine", "plain"]);
     drop(lv);
 }

@@ -308,7 +308,7 @@ fn held_locks_refuse_the_migration_until_released() {
 }
 
 /// State size and time to resolve it, for `MIGRATION_NODES` nodes (default 1,000): figures
-/// for the README, printed (`--nocapture`), not asserted.
+/// for tests/bench/results/HISTORY.md, printed (`--nocapture`), not asserted.
 #[test]
 fn state_size_and_load_time_for_many_nodes() {
     let lab = Lab::get();
@@ -813,7 +813,7 @@ fn guest_migrates_between_daemons_under_qemu10() {
     std::fs::create_dir_all(&wa).unwrap();
     std::fs::create_dir_all(&wb).unwrap();
     // Quarantine off: a file deleted meanwhile has no ancestry to derive a quarantine domain
-    // from, and is refused on the destination with quarantine on (README, "Live migration").
+    // from, and is refused on the destination with quarantine on (docs/upgrade-and-migration.md).
     let mut daemon_a = common::Daemon::start(
         &lab,
         &wa,

@@ -14,16 +14,29 @@
 //!    directory). The cache stays as it was, so a cluster may run from it meanwhile, and each
 //!    run starts from a clean system. The mount dies with the namespace, even on SIGKILL.
 //! 3. Real systemd: `systemd-nspawn --boot` of the overlay. In it, `dpkg -i` (the postinst
-//!    makes the user and /etc/ceph-virtiofsd), the operator's steps of packaging/README.md
-//!    (ceph.conf, a keyring readable by group ceph-virtiofsd, /etc/ceph-virtiofsd/vm1.toml) and
-//!    `systemctl start ceph-virtiofsd@vm1`: the unit as shipped, its sandbox included. A host
-//!    directory is bound at the unit's /run/ceph-virtiofsd, so QEMU on the host connects to
-//!    vm1.sock there as it would on the machine itself.
-//! 4. The lab's guest mounts the share, reads a file another CephFS client wrote and writes one,
+//!    makes the user, /etc/ceph-virtiofsd and, through tmpfiles.d, /run/ceph-virtiofsd), the
+//!    operator's steps of packaging/README.md (ceph.conf, /etc/ceph-virtiofsd/vm1.toml and
+//!    vm1.keyring, root-only) and `systemctl start ceph-virtiofsd@vm1`: the unit as shipped,
+//!    its sandbox included. A host directory is bound at the unit's /run/ceph-virtiofsd, so
+//!    QEMU on the host connects to vm1.sock there as it would on the machine itself.
+//! 4. The reboot-order race: the socket exists the moment `systemctl start` returns (the unit
+//!    is Type=notify: the daemon says READY=1 once it listens and CephFS is mounted), and QEMU
+//!    starts right then. With main's Type=simple unit, start returned before the mount, and the
+//!    socket was not there yet.
+//! 5. The lab's guest mounts the share, reads a file another CephFS client wrote and writes one,
 //!    whose bytes the host's own CephFS client then reads.
-//! 5. Still running after the guest, never restarted; `systemctl stop ceph-virtiofsd@vm1`: the
+//! 6. Least privilege: the daemon runs as the instance's own dynamic user, no thread keeps a
+//!    capability; a second instance (vm2) cannot read vm1's keyring, and vm1 cannot read vm2's
+//!    (as each daemon's uid and groups, in its own mount namespace: /etc/ceph-virtiofsd is not
+//!    there, and the other's credentials are the other user's alone). The watchdog is on.
+//! 7. An upgrade (`dpkg -i` of the package again) restarts nothing: same MainPID, NRestarts=0.
+//! 8. Still running after the guest, never restarted; `systemctl stop ceph-virtiofsd@vm1`: the
 //!    daemon logs its clean stop and exits with status 0 (systemd: "Deactivated successfully",
 //!    no "Main process exited" nor "Failed with result").
+//!
+//! The package is also checked with that release's lintian (bookworm's on the host, trixie's in
+//! the trixie root filesystem, added there by `tests/lab/rootfs --install 18 lintian`): no error
+//! and no warning.
 //!
 //! `CEPH_VIRTIOFSD_DEB_BOOKWORM` / `CEPH_VIRTIOFSD_DEB_TRIXIE` name a package built elsewhere (a
 //! release build, `cargo deb`; its .ddeb beside it) to test instead of building one.
@@ -44,6 +57,8 @@ use common::{ceph_dir, ceph_read_all, run_guest, Daemon, Lab};
 
 const DAEMON: &str = env!("CARGO_BIN_EXE_ceph-virtiofsd");
 const INSTANCE: &str = "vm1";
+/// A second instance, beside the first: neither may read the other's keyring.
+const OTHER: &str = "vm2";
 
 struct Release {
     /// tests/lab/rootfs's name for it
@@ -175,9 +190,10 @@ fn build_package(rel: &Release) -> PathBuf {
 }
 
 /// The package of `rel`: stripped, with its -dbgsym beside it, depending on that release's
-/// libcephfs2 and on adduser.
+/// libcephfs2 and on adduser, and lintian clean with that release's lintian.
 fn check_package(rel: &Release, deb: &Path) {
     the_file(deb.parent().unwrap(), "ddeb");
+    lintian(rel, deb);
 
     // Stripped: the debug sections went to the -dbgsym package (.debug_gdb_scripts is loaded
     // data, rustc's pretty-printer hint, not debug info).
@@ -464,6 +480,58 @@ fn keyring_section(keyring: &str, id: &str) -> String {
     out
 }
 
+/// That release's lintian on `deb`: no error, no warning. bookworm's is the host's (the lab's
+/// host runs bookworm; tests/lab/setup installs it); trixie's runs in the lab's trixie root
+/// filesystem, where `tests/lab/rootfs --install` adds it once.
+fn lintian(rel: &Release, deb: &Path) {
+    let deb = fs::canonicalize(deb).unwrap();
+    let args = "--info --display-info --pedantic --color=never";
+    let out = if rel.suite == "bookworm" {
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!("lintian {args} \"$1\"; echo \"lintian-exit=$?\""))
+            .arg("lintian")
+            .arg(&deb)
+            .output()
+    } else {
+        must(
+            &format!("lintian in the {} root filesystem", rel.suite),
+            Command::new(top().join("tests/lab/rootfs"))
+                .args(["--install", rel.number, "lintian"])
+                .stderr(Stdio::inherit()),
+        );
+        // The package must be inside the repository (bound into the root filesystem).
+        assert!(
+            deb.starts_with(top()),
+            "{}: not under the repository",
+            deb.display()
+        );
+        Command::new(top().join("tests/lab/rootfs"))
+            .args(["--run", rel.number])
+            .arg(format!(
+                "lintian {args} '{}'; echo \"lintian-exit=$?\"",
+                deb.display()
+            ))
+            .output()
+    }
+    .unwrap_or_else(|e| panic!("run lintian: {e}"));
+    let report = text(&out.stdout) + &text(&out.stderr);
+    println!("lintian ({}) of {}:\n{report}", rel.suite, deb.display());
+    let bad: Vec<&str> = report
+        .lines()
+        .filter(|l| l.starts_with("E: ") || l.starts_with("W: "))
+        .collect();
+    // lintian exits 0, or 2 when only informational tags are shown.
+    let exit_ok = report
+        .lines()
+        .any(|l| l == "lintian-exit=0" || l == "lintian-exit=2");
+    assert!(
+        bad.is_empty() && exit_ok,
+        "{}: lintian: {bad:#?}\n{report}",
+        rel.suite
+    );
+}
+
 fn install_and_serve(rel: &Release) {
     let lab = Lab::get();
     let name = format!("pkg-{}-{}", rel.suite, std::process::id());
@@ -495,16 +563,18 @@ fn install_and_serve(rel: &Release) {
     )
     .unwrap();
     let export = lab.export_dir(&name);
-    fs::write(
-        input.join(format!("{INSTANCE}.toml")),
-        format!(
-            "[vhost-user]\ntag = \"cephfs\"\n\n[ceph]\nconf = \"/etc/ceph/ceph.conf\"\n\
-             client-id = \"{id}\"\nkeyring = \"/etc/ceph/ceph.client.{id}.keyring\"\n\
-             root = \"{export}\"\n",
-            id = lab.client_id
-        ),
-    )
-    .unwrap();
+    let export2 = lab.export_dir(&format!("{name}-vm2"));
+    for (instance, root) in [(INSTANCE, &export), (OTHER, &export2)] {
+        fs::write(
+            input.join(format!("{instance}.toml")),
+            format!(
+                "[vhost-user]\ntag = \"cephfs\"\n\n[ceph]\nconf = \"/etc/ceph/ceph.conf\"\n\
+                 client-id = \"{id}\"\nroot = \"{root}\"\nname = \"{instance}\"\n",
+                id = lab.client_id
+            ),
+        )
+        .unwrap();
+    }
     let host_text = format!(
         "written by another CephFS client for the {} package\n",
         rel.suite
@@ -544,7 +614,7 @@ fn install_and_serve(rel: &Release) {
         &["dpkg-query", "-W", "-f=${Status}", "ceph-virtiofsd"],
     );
     assert_eq!(status, "install ok installed");
-    // The postinst's user, group and configuration directory.
+    // The postinst's user, group and directories.
     c.run(
         "the postinst's user",
         &["getent", "passwd", "ceph-virtiofsd"],
@@ -553,9 +623,13 @@ fn install_and_serve(rel: &Release) {
         "the postinst's /etc/ceph-virtiofsd",
         &["stat", "-c", "%U:%G:%a", "/etc/ceph-virtiofsd"],
     );
-    assert_eq!(etc.trim(), "root:ceph-virtiofsd:750");
-    // The operator's steps.
-    let id = &lab.client_id;
+    assert_eq!(etc.trim(), "root:root:750");
+    let sockets = c.run(
+        "the socket directory (tmpfiles.d, at configure)",
+        &["stat", "-c", "%U:%G:%a", "/run/ceph-virtiofsd"],
+    );
+    assert_eq!(sockets.trim(), "root:ceph-virtiofsd:1770");
+    // The operator's steps: the configuration and the key of each share, root-only.
     c.run(
         "the operator's configuration",
         &[
@@ -563,41 +637,25 @@ fn install_and_serve(rel: &Release) {
             "-euc",
             &format!(
                 "install -D -m 0644 /root/in/ceph.conf /etc/ceph/ceph.conf\n\
-                 install -m 0640 -g ceph-virtiofsd /root/in/keyring /etc/ceph/ceph.client.{id}.keyring\n\
-                 install -m 0640 -g ceph-virtiofsd /root/in/{INSTANCE}.toml /etc/ceph-virtiofsd/{INSTANCE}.toml"
+                 for i in {INSTANCE} {OTHER}; do\n\
+                   install -m 0600 /root/in/$i.toml /etc/ceph-virtiofsd/$i.toml\n\
+                   install -m 0600 /root/in/keyring /etc/ceph-virtiofsd/$i.keyring\n\
+                 done"
             ),
         ],
     );
 
     let unit = format!("ceph-virtiofsd@{INSTANCE}.service");
     c.run("systemctl start", &["systemctl", "start", &unit]);
+    // The reboot-order race: a guest started the moment `systemctl start` returns (as an
+    // autostarted domain ordered after the unit) must find the socket. Checked at once, no wait.
     let socket = run_dir.join(format!("{INSTANCE}.sock"));
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !socket.exists() {
-        let state = c.exec(&["systemctl", "is-active", &unit]);
-        let state = text(&state.stdout).trim().to_owned();
-        assert!(
-            state == "active" || state == "activating",
-            "{unit} is {state} before listening on {}:\n{}",
-            socket.display(),
-            c.journal(&unit)
-        );
-        // Restart=on-failure hides an exit from is-active: count the restarts.
-        let restarts = c.exec(&["systemctl", "show", "-p", "NRestarts", "--value", &unit]);
-        assert_eq!(
-            text(&restarts.stdout).trim(),
-            "0",
-            "{unit} exited and was restarted before listening:\n{}",
-            c.journal(&unit)
-        );
-        assert!(
-            Instant::now() < deadline,
-            "{unit} did not listen on {} in 120 s:\n{}",
-            socket.display(),
-            c.journal(&unit)
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    assert!(
+        socket.exists(),
+        "`systemctl start {unit}` returned before the socket existed (Type=simple?): a guest \
+         started now fails to connect\n{}",
+        c.journal(&unit)
+    );
     let owner = c.run(
         "the socket's owner",
         &[
@@ -608,9 +666,15 @@ fn install_and_serve(rel: &Release) {
         ],
     );
     // UMask=0007: the frontend's user connects through the group (write access), others not.
+    // The owner is the instance's own dynamic user, the group the package's (--socket-group).
     let (who, mode) = owner.trim().rsplit_once(':').unwrap();
     let mode = u32::from_str_radix(mode, 8).unwrap();
-    assert_eq!(who, "ceph-virtiofsd:ceph-virtiofsd", "socket owner");
+    let (user, group) = who.split_once(':').unwrap();
+    assert_eq!(group, "ceph-virtiofsd", "socket group");
+    assert!(
+        user != "root" && user != "ceph-virtiofsd",
+        "socket owner {user}: not the instance's own user"
+    );
     assert!(
         mode & 0o060 == 0o060 && mode & 0o007 == 0,
         "socket mode {mode:o}: want group rw, nothing for others"
@@ -635,6 +699,7 @@ fn install_and_serve(rel: &Release) {
         log: work.join("container.log"),
     };
     let guest = run_guest(&lab, &work, &served, &script, &[], 600);
+    // (QEMU was started right after `systemctl start` returned: the race of step 4.)
     assert!(
         guest.code() == 0 && guest.console.contains("PACKAGE-GUEST-DONE"),
         "the guest on the {} package's daemon failed (exit {}):\n{}\n---- journal of {unit} ----\n{}",
@@ -667,6 +732,119 @@ fn install_and_serve(rel: &Release) {
             c.journal(&unit)
         );
     }
+
+    // Least privilege: the instance's own user, no capability in any thread, the watchdog on.
+    let show = c.run(
+        "systemctl show",
+        &[
+            "systemctl",
+            "show",
+            "-p",
+            "Type,WatchdogUSec,DynamicUser,MainPID",
+            &unit,
+        ],
+    );
+    for want in ["Type=notify", "WatchdogUSec=30s", "DynamicUser=yes"] {
+        assert!(
+            show.lines().any(|l| l == want),
+            "{unit}: want {want}:\n{show}"
+        );
+    }
+    let privileges = c.run(
+        "the daemon's threads",
+        &[
+            "sh",
+            "-euc",
+            &format!(
+                "pid=$(systemctl show -p MainPID --value {unit})\n\
+                 for t in /proc/$pid/task/*; do\n\
+                   grep -E '^(Uid|CapEff|CapPrm|CapBnd|CapAmb):' $t/status | tr -s '\\t ' ' ' | tr '\\n' ' '; echo\n\
+                 done"
+            ),
+        ],
+    );
+    let lines: Vec<&str> = privileges
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .collect();
+    assert!(lines.len() > 1, "{privileges}");
+    for l in &lines {
+        assert!(
+            !l.contains("Uid: 0 ") && l.matches(" 0000000000000000").count() == 4,
+            "a thread of {unit} keeps a uid 0 or a capability: {l}\n{privileges}"
+        );
+    }
+
+    // One instance cannot read another's keyring: vm2, started beside vm1, and each daemon's
+    // uid and groups in its own mount namespace.
+    let other = format!("ceph-virtiofsd@{OTHER}.service");
+    c.run("systemctl start vm2", &["systemctl", "start", &other]);
+    let as_daemon = |unit: &str, file: &str| -> Output {
+        c.exec(&[
+            "sh",
+            "-euc",
+            &format!(
+                "pid=$(systemctl show -p MainPID --value {unit})\n\
+                 uid=$(awk '/^Uid:/ {{ print $2 }}' /proc/$pid/status)\n\
+                 gid=$(awk '/^Gid:/ {{ print $2 }}' /proc/$pid/status)\n\
+                 groups=$(awk '/^Groups:/ {{ $1 = \"\"; print $0 }}' /proc/$pid/status | tr -s ' ' ',' | sed 's/^,//; s/,$//')\n\
+                 exec nsenter --target $pid --mount -- setpriv --reuid=$uid --regid=$gid --groups=\"${{groups:-$gid}}\" -- cat {file}"
+            ),
+        ])
+    };
+    for (me, my, theirs) in [(&unit, INSTANCE, &other), (&other, OTHER, &unit)] {
+        let own = as_daemon(me, &format!("/run/credentials/{me}/keyring"));
+        assert!(
+            own.status.success() && text(&own.stdout).contains("key = "),
+            "{me} cannot read its own keyring credential: {}",
+            text(&own.stderr)
+        );
+        for file in [
+            format!("/run/credentials/{theirs}/keyring"),
+            format!(
+                "/etc/ceph-virtiofsd/{}.keyring",
+                if my == INSTANCE { OTHER } else { INSTANCE }
+            ),
+            format!("/etc/ceph-virtiofsd/{my}.keyring"),
+        ] {
+            let o = as_daemon(me, &file);
+            assert!(
+                !o.status.success() && !text(&o.stdout).contains("key = "),
+                "{me} reads {file}:\n{}",
+                text(&o.stdout)
+            );
+        }
+    }
+    c.run("systemctl stop vm2", &["systemctl", "stop", &other]);
+
+    // An upgrade restarts nothing (QEMU would lose the share): the same package again.
+    let pid_before = c.run(
+        "MainPID",
+        &["systemctl", "show", "-p", "MainPID", "--value", &unit],
+    );
+    c.run(
+        "upgrading the package",
+        &["dpkg", "-i", &format!("/root/in/{deb_name}")],
+    );
+    let after = c.run(
+        "systemctl show",
+        &[
+            "systemctl",
+            "show",
+            "-p",
+            "MainPID,NRestarts,ActiveState",
+            &unit,
+        ],
+    );
+    assert!(
+        after
+            .lines()
+            .any(|l| l == format!("MainPID={}", pid_before.trim()))
+            && after.lines().any(|l| l == "NRestarts=0")
+            && after.lines().any(|l| l == "ActiveState=active"),
+        "{unit} after the upgrade (MainPID was {}):\n{after}",
+        pid_before.trim()
+    );
 
     // The daemon runs on that release's libcephfs2, the one its Depends asked for.
     let lib = c.run(

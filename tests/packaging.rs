@@ -2,15 +2,17 @@
 //! daemon they describe and against the guest harness, so they cannot go stale:
 //! - the systemd unit passes `systemd-analyze verify` and an offline security review, and the
 //!   command line it runs is a valid ceph-virtiofsd configuration;
-//! - the vhost-user descriptor agrees with `--print-capabilities`, and names an installed file;
+//! - the vhost-user descriptor agrees with `--print-capabilities`, names an installed file, and
+//!   is shipped as an example only (never where libvirt looks for one);
 //! - the compat wrapper turns libvirt's and Kata's virtiofsd command lines into ours;
 //! - the man page is the one clap_mangen generates from the CLI today;
 //! - the libvirt domain examples are well-formed and point at what the package installs;
 //! - the QEMU example is, argument for argument, what tests/lab/guest/run-guest runs;
-//! - `cargo deb` builds the package and it holds what it should.
+//! - `cargo deb` builds the package, it holds what it should, and lintian finds nothing to
+//!   warn about (bookworm's lintian, the host's; trixie's package: tests/package_install.rs).
 //!
 //! No Ceph cluster and no guest are needed. Needs `systemd-analyze` (package systemd),
-//! `dpkg-deb` and cargo-deb (`cargo install cargo-deb --locked`).
+//! `dpkg-deb`, lintian and cargo-deb (`cargo install cargo-deb --locked`).
 //! After a CLI change, regenerate the man page: `UPDATE_MANPAGE=1 cargo test --test packaging`.
 
 use std::collections::BTreeMap;
@@ -61,15 +63,27 @@ fn write_script(path: &Path, body: &str) {
     fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
 }
 
-/// `[package.metadata.deb].assets` of Cargo.toml: source -> installed absolute path.
-fn deb_assets() -> BTreeMap<String, String> {
+/// `[package.metadata.deb]` of Cargo.toml.
+fn deb_metadata() -> toml::Value {
     let manifest: toml::Value = toml::from_str(&read("Cargo.toml")).expect("parse Cargo.toml");
-    let assets = manifest["package"]["metadata"]["deb"]["assets"]
+    manifest["package"]["metadata"]["deb"].clone()
+}
+
+/// `[package.metadata.deb].assets` of Cargo.toml: source -> installed absolute path. A symlink
+/// (`{ dest, link_name }`) is listed as `symlink:DEST` -> its target.
+fn deb_assets() -> BTreeMap<String, String> {
+    let assets = deb_metadata()["assets"]
         .as_array()
-        .expect("[package.metadata.deb] assets");
+        .expect("[package.metadata.deb] assets")
+        .clone();
     assets
         .iter()
         .map(|a| {
+            if let Some(t) = a.as_table() {
+                let dest = t["dest"].as_str().unwrap();
+                let target = t["link_name"].as_str().unwrap();
+                return (format!("symlink:/{dest}"), target.to_owned());
+            }
             let a = a.as_array().expect("asset is [source, dest, mode]");
             let src = a[0].as_str().unwrap().to_owned();
             let dest = a[1].as_str().unwrap();
@@ -97,12 +111,18 @@ fn unit_settings() -> Vec<(String, String)> {
 }
 
 fn unit_get(key: &str) -> String {
-    let found: Vec<_> = unit_settings()
+    let found = unit_all(key);
+    assert_eq!(found.len(), 1, "{UNIT}: expected exactly one {key}=");
+    found[0].clone()
+}
+
+/// Every value of `key` in the unit.
+fn unit_all(key: &str) -> Vec<String> {
+    unit_settings()
         .into_iter()
         .filter(|(k, _)| k == key)
-        .collect();
-    assert_eq!(found.len(), 1, "{UNIT}: expected exactly one {key}=");
-    found[0].1.clone()
+        .map(|(_, v)| v)
+        .collect()
 }
 
 #[test]
@@ -142,16 +162,25 @@ fn systemd_unit_verifies_and_is_hardened() {
     );
 
     for (key, value) in [
+        // systemctl start returns once the socket listens and CephFS is mounted, and a wedged
+        // daemon stops its pings.
+        ("Type", "notify"),
+        ("WatchdogSec", "30s"),
         ("NoNewPrivileges", "yes"),
         ("ProtectSystem", "strict"),
         ("ProtectHome", "yes"),
         ("PrivateTmp", "yes"),
         ("PrivateDevices", "yes"),
         ("ReadWritePaths", "/run/ceph-virtiofsd"),
-        ("ReadOnlyPaths", "-/etc/ceph /etc/ceph-virtiofsd"),
-        ("User", "ceph-virtiofsd"),
-        ("Group", "ceph-virtiofsd"),
-        ("RuntimeDirectory", "ceph-virtiofsd"),
+        ("ReadOnlyPaths", "-/etc/ceph"),
+        // No instance sees another's configuration or keyring: each gets its own as
+        // credentials, under a user of its own.
+        ("InaccessiblePaths", "-/etc/ceph-virtiofsd"),
+        ("DynamicUser", "yes"),
+        // Named after the instance: a template's implied name is its prefix, ceph-virtiofsd,
+        // the package's static user, which all instances would then share.
+        ("User", "cvfs-%i"),
+        ("SupplementaryGroups", "ceph-virtiofsd"),
         ("CapabilityBoundingSet", ""),
         ("SystemCallArchitectures", "native"),
         // The daemon installs its own seccomp filter: seccomp(2) must pass systemd's.
@@ -161,18 +190,56 @@ fn systemd_unit_verifies_and_is_hardened() {
     ] {
         assert_eq!(unit_get(key), value, "{UNIT}: {key}=");
     }
+    assert_eq!(
+        unit_all("LoadCredential"),
+        [
+            "config:/etc/ceph-virtiofsd/%i.toml",
+            "keyring:/etc/ceph-virtiofsd/%i.keyring"
+        ],
+        "{UNIT}: the instance's configuration and keyring as credentials"
+    );
+    // A shared static user would let every instance read every keyring; nothing mlocks.
+    for gone in ["Group", "RuntimeDirectory", "LimitMEMLOCK"] {
+        assert!(unit_all(gone).is_empty(), "{UNIT}: {gone}= is back");
+    }
+    // The socket directory, shared and sticky, owned by the group QEMU's user joins.
+    assert_eq!(
+        read("packaging/systemd/ceph-virtiofsd.tmpfiles")
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .collect::<Vec<_>>(),
+        ["d /run/ceph-virtiofsd 1770 root ceph-virtiofsd -"]
+    );
+    assert_eq!(
+        installed("packaging/systemd/ceph-virtiofsd.tmpfiles"),
+        "/usr/lib/tmpfiles.d/ceph-virtiofsd.conf"
+    );
 
-    // The command line the unit runs, for instance vm1 with the example config, is a valid
-    // configuration listening where the unit's sandbox lets it write.
+    // The command line the unit runs, for instance vm1 with the example config as its
+    // credential, is a valid configuration listening where the unit's sandbox lets it write,
+    // with the instance's keyring and socket group.
+    let creds = scratch("unit-credentials");
+    fs::copy(
+        top().join("config/ceph-virtiofsd.toml"),
+        creds.join("config"),
+    )
+    .unwrap();
+    // The group the package's sysusers file makes; a host without the package has root.
+    let group_exists = run(Command::new("getent").args(["group", "ceph-virtiofsd"]))
+        .status
+        .success();
     let words: Vec<String> = exec
         .split_whitespace()
         .filter(|w| *w != "$CEPH_VIRTIOFSD_ARGS")
         .map(|w| {
-            w.replace(
-                "/etc/ceph-virtiofsd/%i.toml",
-                top().join("config/ceph-virtiofsd.toml").to_str().unwrap(),
-            )
-            .replace("%i", "vm1")
+            let w = w
+                .replace("%d", creds.to_str().unwrap())
+                .replace("%i", "vm1");
+            if w == "ceph-virtiofsd" && !group_exists {
+                "root".to_owned()
+            } else {
+                w
+            }
         })
         .collect();
     let args = Args::try_parse_from(&words).unwrap_or_else(|e| panic!("{exec}: {e}"));
@@ -182,9 +249,15 @@ fn systemd_unit_verifies_and_is_hardened() {
         Listen::SocketPath("/run/ceph-virtiofsd/vm1.sock".into())
     );
     assert!(config.keep_serving);
+    assert_eq!(
+        config.ceph.access.keyring,
+        Some(creds.join("keyring")),
+        "the credential, not the .toml file's keyring"
+    );
+    assert!(exec.contains("--socket-group ceph-virtiofsd"), "{exec}");
 }
 
-const DESCRIPTOR: &str = "packaging/qemu/60-ceph-virtiofsd.json";
+const DESCRIPTOR: &str = "packaging/examples/60-ceph-virtiofsd.json";
 const COMPAT: &str = "packaging/compat/ceph-virtiofsd-compat";
 
 #[test]
@@ -203,10 +276,18 @@ fn vhost_user_descriptor_agrees_with_print_capabilities() {
         Some(installed(COMPAT).as_str()),
         "{DESCRIPTOR}: binary must be the installed compat wrapper (libvirt runs it with virtiofsd's options)"
     );
-    let the_path = installed("packaging/qemu/60-ceph-virtiofsd.json");
+    // An example only: libvirt takes the first "fs" descriptor it finds in
+    // /usr/share/qemu/vhost-user (or /etc/qemu/vhost-user) for every <filesystem> without
+    // <binary path>; there it would capture ordinary host-directory shares (tests/libvirt.rs).
+    for (src, dest) in deb_assets() {
+        assert!(
+            !dest.contains("/qemu/vhost-user"),
+            "{src} is installed as {dest}, where libvirt looks for back-ends"
+        );
+    }
     assert!(
-        the_path.starts_with("/usr/share/qemu/vhost-user/"),
-        "{the_path}"
+        deb_assets().contains_key("packaging/examples/*"),
+        "the examples (the descriptor among them) are installed"
     );
 
     // What libvirt runs: the descriptor's binary with --print-capabilities.
@@ -237,16 +318,66 @@ fn vhost_user_descriptor_agrees_with_print_capabilities() {
 }
 
 /// Run the compat wrapper with a stand-in daemon that prints its arguments, one per line.
+fn compat_run(args: &[&str]) -> Output {
+    // Written once: tests run in parallel, and a script being rewritten cannot be executed.
+    static ECHO: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let echo = ECHO.get_or_init(|| {
+        let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("packaging");
+        fs::create_dir_all(&dir).unwrap();
+        let echo = dir.join(format!("echo-args-{}", std::process::id()));
+        write_script(&echo, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n");
+        echo
+    });
+    run(Command::new(top().join(COMPAT))
+        .env("CEPH_VIRTIOFSD", echo)
+        .args(args))
+}
+
+/// [`compat_run`], which must succeed: the daemon's arguments.
 fn compat_translate(args: &[&str]) -> Vec<String> {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("packaging");
-    fs::create_dir_all(&dir).unwrap();
-    let echo = dir.join("echo-args");
-    write_script(&echo, "#!/bin/sh\nprintf '%s\\n' \"$@\"\n");
-    let out = run(Command::new(top().join(COMPAT))
-        .env("CEPH_VIRTIOFSD", &echo)
-        .args(args));
+    let out = compat_run(args);
     assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
     text(&out.stdout).lines().map(str::to_owned).collect()
+}
+
+/// An ordinary directory never becomes a share: a source directory without
+/// ceph-virtiofsd.toml, on a command line that names no Ceph settings (what libvirt sends for
+/// a plain `<filesystem>`), is refused (exit 2, the reason on stderr, which libvirt logs), and
+/// the daemon is not started. On main it was dropped and the daemon started with its defaults
+/// (client.admin, CephFS "/").
+#[test]
+fn compat_wrapper_refuses_a_plain_directory() {
+    let dir = scratch("compat-plain");
+    let plain = dir.join("srv-plain");
+    fs::create_dir(&plain).unwrap();
+    let plain = plain.to_str().unwrap();
+    let opts = format!("source={plain},cache=always");
+    for argv in [
+        vec!["--fd=21", "--shared-dir", plain, "--xattr"],
+        vec!["--fd=21", "-o", opts.as_str()],
+        // Half the Ceph settings are not enough.
+        vec!["--fd=3", "--shared-dir", plain, "--client-id=vm1"],
+    ] {
+        let out = compat_run(&argv);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{argv:?}: {}",
+            text(&out.stdout)
+        );
+        assert!(
+            out.stdout.is_empty(),
+            "the daemon ran: {}",
+            text(&out.stdout)
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(&format!(
+                "source directory {plain} holds no ceph-virtiofsd.toml"
+            )) && err.contains("/usr/libexec/virtiofsd"),
+            "{argv:?}: {err}"
+        );
+    }
 }
 
 fn config_of(args: &[String]) -> Config {
@@ -264,8 +395,10 @@ fn compat_wrapper_maps_libvirt_and_kata_command_lines() {
     fs::create_dir(&share).unwrap();
     fs::copy(conf, share.join("ceph-virtiofsd.toml")).unwrap();
     let share = share.to_str().unwrap();
-    let sandbox = dir.join("kata-sandbox");
-    fs::create_dir(&sandbox).unwrap();
+    // Kata's sandbox directory: /run/kata-containers/shared/sandboxes/<sandbox id>/shared.
+    let sandbox_id = "4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee4f1c0ffee9";
+    let sandbox = dir.join(format!("sandboxes/{sandbox_id}/shared"));
+    fs::create_dir_all(&sandbox).unwrap();
     let sandbox = sandbox.to_str().unwrap();
 
     // libvirt with "separate-options" (what our capabilities announce); source is a file.
@@ -339,28 +472,255 @@ fn compat_wrapper_maps_libvirt_and_kata_command_lines() {
     assert_eq!(c.ceph.access.client_id.as_deref(), Some("kata"));
     assert_eq!(c.ceph.root, "/volumes/_nogroup/kata");
     assert!(c.log.syslog);
+    // The sandbox id names the CephFS session (client metadata vm=<id>).
+    assert_eq!(c.ceph.access.name.as_deref(), Some(sandbox_id));
+    // A --name of the extra args wins.
+    argv.push("--name=pod-a");
+    let got = compat_translate(&argv);
+    assert_eq!(config_of(&got).ceph.access.name.as_deref(), Some("pod-a"));
 }
 
 const MANPAGE: &str = "packaging/man/ceph-virtiofsd.8";
 
+/// What roff::Roff puts before each rendering: kept once, at the top of a page.
+const ROFF_PREAMBLE: &str = ".ie \\n(.g .ds Aq \\(aq\n.el .ds Aq '\n";
+
+/// One clap_mangen section, without the preamble.
+fn roff_part(render: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> String {
+    let mut buf = Vec::new();
+    render(&mut buf).expect("render man page section");
+    let s = String::from_utf8(buf).expect("roff is UTF-8");
+    s.strip_prefix(ROFF_PREAMBLE).unwrap_or(&s).to_owned()
+}
+
+/// Text for roff: backslashes and hyphens escaped, no line starting with a control character.
+fn roff_text(s: &str) -> String {
+    let s = s.replace('\\', "\\e").replace('-', "\\-");
+    if s.starts_with('.') || s.starts_with('\'') {
+        format!("\\&{s}")
+    } else {
+        s
+    }
+}
+
+/// A template of packaging/man/*.in with its `@NAME@` lines replaced by `parts`.
+fn fill_template(template: &str, parts: &[(&str, String)]) -> String {
+    let text = read(template);
+    let mut out = String::from(ROFF_PREAMBLE);
+    for line in text.lines() {
+        match parts.iter().find(|(k, _)| line.trim() == *k) {
+            Some((_, part)) => out.push_str(part),
+            None => {
+                assert!(
+                    !line.starts_with('@'),
+                    "{template}: {line} is not a part the generator knows"
+                );
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+/// `@KEYS@` of ceph-virtiofsd.toml(5): the example configuration's tables, keys and comments.
+/// A comment block describes the keys right under it (a table, when a table line follows it);
+/// a key shown commented out (`# key = value`) is one the example leaves unset.
+fn config_keys_roff() -> String {
+    fn key_of(line: &str) -> Option<String> {
+        let (set, rest) = match line.strip_prefix("# ") {
+            Some(r) => (false, r),
+            None => (true, line),
+        };
+        let (k, _) = rest.split_once(" = ")?;
+        let ok = k.starts_with(|c: char| c.is_ascii_lowercase())
+            && k.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+        ok.then(|| {
+            if set {
+                format!("\\fB{}\\fR", roff_text(rest))
+            } else {
+                format!("\\fB{}\\fR (unset in the example)", roff_text(rest))
+            }
+        })
+    }
+    fn flush(out: &mut String, keys: &mut Vec<String>, text: &mut Vec<String>) {
+        if keys.is_empty() {
+            return;
+        }
+        out.push_str(".TP\n");
+        out.push_str(&keys.join("\n.br\n"));
+        out.push('\n');
+        out.push_str(&roff_text(&text.join(" ")));
+        out.push('\n');
+        keys.clear();
+        text.clear();
+    }
+    let example = read("config/ceph-virtiofsd.toml");
+    let mut out = String::new();
+    let mut comment: Vec<String> = Vec::new();
+    let mut keys: Vec<String> = Vec::new();
+    let mut text: Vec<String> = Vec::new();
+    let mut in_table = false;
+    for line in example.lines() {
+        let t = line.trim();
+        if let Some(table) = t.strip_prefix('[').and_then(|r| r.strip_suffix(']')) {
+            flush(&mut out, &mut keys, &mut text);
+            out.push_str(&format!(".SS \"[{}]\"\n", roff_text(table)));
+            if in_table && !comment.is_empty() {
+                out.push_str(&format!(".PP\n{}\n", roff_text(&comment.join(" "))));
+            }
+            comment.clear();
+            in_table = true;
+            continue;
+        }
+        if !in_table {
+            continue; // the file's own header
+        }
+        if let Some(key) = key_of(t) {
+            if !comment.is_empty() {
+                flush(&mut out, &mut keys, &mut text);
+                text = std::mem::take(&mut comment);
+            }
+            keys.push(key);
+        } else if let Some(c) = t.strip_prefix('#') {
+            flush(&mut out, &mut keys, &mut text);
+            comment.push(c.trim().to_owned());
+        }
+    }
+    flush(&mut out, &mut keys, &mut text);
+    out
+}
+
+/// The man pages, generated: (path, content).
+fn manpages() -> Vec<(&'static str, String)> {
+    // The daemon: virtiofsd's compatibility options under a heading of their own, with their
+    // help (clap_mangen writes no help for an option hidden from `-h`).
+    let cmd = Args::command().mut_args(|a| {
+        if a.is_hide_short_help_set() {
+            a.hide_short_help(false)
+                .help_heading("VIRTIOFSD COMPATIBILITY OPTIONS")
+        } else {
+            a
+        }
+    });
+    let man = clap_mangen::Man::new(cmd)
+        .section("8")
+        .manual("System Manager's Manual");
+    let daemon = fill_template(
+        "packaging/man/ceph-virtiofsd.8.in",
+        &[
+            ("@TITLE@", roff_part(|w| man.render_title(w))),
+            ("@NAME@", roff_part(|w| man.render_name_section(w))),
+            ("@OPTIONS@", roff_part(|w| man.render_options_section(w))),
+            ("@VERSION@", roff_part(|w| man.render_version_section(w))),
+        ],
+    );
+
+    let qman = clap_mangen::Man::new(ceph_virtiofsd::args::QuarantineArgs::command())
+        .title("ceph-virtiofsd-quarantine")
+        .section("8")
+        .manual("System Manager's Manual");
+    let quarantine = fill_template(
+        "packaging/man/ceph-virtiofsd-quarantine.8.in",
+        &[
+            ("@TITLE@", roff_part(|w| qman.render_title(w))),
+            ("@OPTIONS@", roff_part(|w| qman.render_options_section(w))),
+            ("@VERSION@", roff_part(|w| qman.render_version_section(w))),
+        ],
+    );
+
+    let tman = clap_mangen::Man::new(Args::command())
+        .title("ceph-virtiofsd.toml")
+        .section("5")
+        .manual("File Formats Manual");
+    let toml = fill_template(
+        "packaging/man/ceph-virtiofsd.toml.5.in",
+        &[
+            ("@TITLE@", roff_part(|w| tman.render_title(w))),
+            ("@KEYS@", config_keys_roff()),
+            ("@VERSION@", roff_part(|w| tman.render_version_section(w))),
+        ],
+    );
+    vec![
+        (MANPAGE, daemon),
+        ("packaging/man/ceph-virtiofsd-quarantine.8", quarantine),
+        ("packaging/man/ceph-virtiofsd.toml.5", toml),
+    ]
+}
+
 #[test]
 fn manpage_is_generated_from_the_cli() {
-    let mut buf = Vec::new();
-    clap_mangen::Man::new(Args::command())
-        .section("8")
-        .render(&mut buf)
-        .expect("render man page");
-    let path = top().join(MANPAGE);
-    if std::env::var_os("UPDATE_MANPAGE").is_some() {
-        fs::write(&path, &buf).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    let update = std::env::var_os("UPDATE_MANPAGE").is_some();
+    for (rel, page) in manpages() {
+        let path = top().join(rel);
+        if update {
+            fs::write(&path, &page).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        }
+        let current = fs::read_to_string(&path).unwrap_or_default();
+        assert!(
+            current == page,
+            "{rel} is stale (the CLI, the example configuration or the template changed): \
+             regenerate it with `UPDATE_MANPAGE=1 cargo test --test packaging manpage` and \
+             commit it"
+        );
+        let name = Path::new(rel).file_name().unwrap().to_str().unwrap();
+        let section = name.rsplit('.').next().unwrap();
+        assert_eq!(
+            installed(rel),
+            format!("/usr/share/man/man{section}/{name}"),
+            "{rel} is installed where man finds it"
+        );
+        // mandoc, where installed, lints the page.
+        if let Ok(out) = Command::new("mandoc")
+            .args(["-T", "lint", "-W", "warning"])
+            .arg(&path)
+            .output()
+        {
+            assert!(
+                out.status.success(),
+                "mandoc -T lint {rel}:\n{}{}",
+                text(&out.stdout),
+                text(&out.stderr)
+            );
+        }
     }
-    let current = fs::read(&path).unwrap_or_default();
-    assert!(
-        current == buf,
-        "{MANPAGE} is stale (the CLI changed): regenerate it with \
-         `UPDATE_MANPAGE=1 cargo test --test packaging manpage` and commit it"
+}
+
+/// The operator's quarantine command on PATH: /usr/sbin/ceph-virtiofsd-quarantine, a symlink
+/// to the daemon, answers with its own help and usage under its own name (main: the command
+/// existed only as `/usr/libexec/ceph-virtiofsd quarantine`).
+#[test]
+fn quarantine_command_is_on_path_with_its_own_help() {
+    assert_eq!(
+        deb_assets()
+            .get("symlink:/usr/sbin/ceph-virtiofsd-quarantine")
+            .map(String::as_str),
+        Some("../libexec/ceph-virtiofsd"),
+        "/usr/sbin/ceph-virtiofsd-quarantine -> the daemon"
     );
-    assert_eq!(installed(MANPAGE), "/usr/share/man/man8/ceph-virtiofsd.8");
+    let dir = scratch("quarantine-cmd");
+    let link = dir.join("ceph-virtiofsd-quarantine");
+    std::os::unix::fs::symlink(DAEMON, &link).unwrap();
+    let out = run(Command::new(&link).arg("--help"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let help = text(&out.stdout);
+    assert!(
+        help.contains("Usage: ceph-virtiofsd-quarantine [OPTIONS] <ACTION> <PATH>")
+            && help.contains("enable")
+            && help.contains("--client-id"),
+        "{help}"
+    );
+    let out = run(&mut Command::new(&link));
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("Usage: ceph-virtiofsd-quarantine"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The daemon's own help points at it.
+    let out = run(Command::new(DAEMON).arg("--help"));
+    assert!(text(&out.stdout).contains("ceph-virtiofsd-quarantine"));
 }
 
 fn child<'a>(n: roxmltree::Node<'a, 'a>, tag: &str) -> roxmltree::Node<'a, 'a> {
@@ -559,7 +919,7 @@ fn debian_package_builds_with_the_expected_contents() {
         })
         .collect();
     for (src, dest) in deb_assets() {
-        if src.ends_with('*') {
+        if src.ends_with('*') || src.starts_with("symlink:") {
             continue;
         }
         let found = files
@@ -574,7 +934,10 @@ fn debian_package_builds_with_the_expected_contents() {
         "/usr/libexec/ceph-virtiofsd",
         "/usr/libexec/ceph-virtiofsd-compat",
         "/usr/lib/systemd/system/ceph-virtiofsd@.service",
-        "/usr/share/qemu/vhost-user/60-ceph-virtiofsd.json",
+        "/usr/lib/tmpfiles.d/ceph-virtiofsd.conf",
+        "/usr/share/doc/ceph-virtiofsd/examples/60-ceph-virtiofsd.json",
+        "/usr/share/doc/ceph-virtiofsd/changelog.Debian.gz",
+        "/usr/share/doc/ceph-virtiofsd/copyright",
         "/usr/share/doc/ceph-virtiofsd/examples/ceph-virtiofsd.toml",
         "/usr/share/doc/ceph-virtiofsd/examples/libvirt-domain.xml",
         "/usr/share/doc/ceph-virtiofsd/examples/qemu-cmdline.sh",
@@ -583,11 +946,28 @@ fn debian_package_builds_with_the_expected_contents() {
     ] {
         assert!(files.contains_key(must), "{must} missing:\n{listing}");
     }
+    for page in [
+        "ceph-virtiofsd.8",
+        "ceph-virtiofsd-quarantine.8",
+        "ceph-virtiofsd-compat.8",
+    ] {
+        assert!(
+            files
+                .keys()
+                .any(|f| f.starts_with(&format!("/usr/share/man/man8/{page}"))),
+            "man page {page} missing:\n{listing}"
+        );
+    }
+    // Never where libvirt looks for vhost-user back-ends.
     assert!(
-        files
-            .keys()
-            .any(|f| f.starts_with("/usr/share/man/man8/ceph-virtiofsd.8")),
-        "man page missing:\n{listing}"
+        !files.keys().any(|f| f.contains("/qemu/vhost-user")),
+        "a vhost-user descriptor is installed:\n{listing}"
+    );
+    // The quarantine command on PATH: a relative symlink to the daemon.
+    assert!(
+        listing.lines().any(|l| l.starts_with('l')
+            && l.contains("./usr/sbin/ceph-virtiofsd-quarantine -> ../libexec/ceph-virtiofsd")),
+        "no /usr/sbin/ceph-virtiofsd-quarantine symlink:\n{listing}"
     );
     for exe in [
         "/usr/libexec/ceph-virtiofsd",
@@ -614,6 +994,18 @@ fn debian_package_builds_with_the_expected_contents() {
     let out = run(Command::new("dpkg-deb").args(["-I"]).arg(&deb));
     let info = text(&out.stdout);
     assert!(info.contains("postinst"), "no postinst:\n{info}");
+    let out = run(Command::new("dpkg-deb")
+        .arg("-f")
+        .arg(&deb)
+        .arg("Maintainer"));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        deb_metadata()["maintainer"].as_str().unwrap()
+    );
+
+    // A distribution's checker finds nothing to warn about (errors, warnings; informational
+    // and pedantic tags are printed).
+    lintian_clean(&deb);
 
     // The daemon ships stripped; its symbols are in the -dbgsym package, under the build id.
     let unpacked = dir.join("unpacked");
@@ -653,6 +1045,94 @@ fn debian_package_builds_with_the_expected_contents() {
         "{} holds no line tables",
         debug.display()
     );
+}
+
+/// lintian (the host's: Debian bookworm's) on `deb`: no error and no warning.
+pub fn lintian_clean(deb: &Path) {
+    let out = run(Command::new("lintian")
+        .args(["--info", "--display-info", "--pedantic", "--color=never"])
+        .arg(deb));
+    let report = text(&out.stdout) + &text(&out.stderr);
+    println!("lintian {}:\n{report}", deb.display());
+    let bad: Vec<&str> = report
+        .lines()
+        .filter(|l| l.starts_with("E: ") || l.starts_with("W: "))
+        .collect();
+    assert!(
+        bad.is_empty() && out.status.code().is_some_and(|c| c == 0 || c == 2),
+        "lintian (exit {}): {bad:#?}\n{report}",
+        out.status
+    );
+}
+
+/// The Debian changelog's first entry is this version's (revision 1), and the copyright file
+/// carries the BSD-3-Clause text (Debian has no common-licenses file for it) and the license
+/// files exist in the source tree.
+#[test]
+fn changelog_copyright_and_license_texts() {
+    let changelog = read(deb_metadata()["changelog"].as_str().unwrap());
+    let first = changelog.lines().next().unwrap_or_default();
+    let want = format!("ceph-virtiofsd ({}-1) ", env!("CARGO_PKG_VERSION"));
+    assert!(
+        first.starts_with(&want),
+        "packaging/deb/changelog: the first entry is {first:?}, the package's version is \
+         {want:?}: add an entry for it"
+    );
+    let copyright = read("packaging/deb/copyright");
+    let bsd = read("LICENSE-BSD-3-Clause");
+    for clause in [
+        "Redistributions of source code must retain",
+        "Neither the name of the copyright holder",
+        "THIS SOFTWARE IS PROVIDED BY THE COPYRIGHT HOLDERS",
+    ] {
+        assert!(
+            bsd.contains(clause) && copyright.contains(clause),
+            "{clause}"
+        );
+    }
+    assert!(copyright.contains("/usr/share/common-licenses/Apache-2.0"));
+    assert!(
+        read("LICENSE-APACHE").contains("Apache License\n                           Version 2.0")
+    );
+    let manifest: toml::Value = toml::from_str(&read("Cargo.toml")).unwrap();
+    assert_eq!(
+        manifest["workspace"]["package"]["license"].as_str(),
+        Some("Apache-2.0 OR BSD-3-Clause")
+    );
+}
+
+/// The maintainer scripts: no systemctl but the guarded daemon-reload, nothing restarted or
+/// stopped on upgrade, /etc/ceph-virtiofsd made only when missing, no debhelper token (cargo
+/// deb does not expand it).
+#[test]
+fn maintainer_scripts_restart_nothing() {
+    for script in ["packaging/deb/postinst", "packaging/deb/postrm"] {
+        let text = read(script);
+        assert!(!text.contains("#DEBHELPER#"), "{script}");
+        for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+            if line.contains("systemctl") {
+                assert!(
+                    line.contains("systemctl --system daemon-reload"),
+                    "{script}: {line}"
+                );
+            }
+            for verb in [
+                "restart",
+                "try-restart",
+                "stop",
+                "reload-or-restart",
+                "invoke-rc.d",
+            ] {
+                assert!(
+                    !line.split_whitespace().any(|w| w == verb),
+                    "{script}: {line}"
+                );
+            }
+        }
+    }
+    let postinst = read("packaging/deb/postinst");
+    assert!(postinst.contains("if [ ! -d /etc/ceph-virtiofsd ]"));
+    assert!(postinst.contains("never restarted"));
 }
 
 /// Section names of an ELF file (`readelf -SW`).

@@ -553,6 +553,101 @@ echo "QT done"
     );
 }
 
+/// logrotate in a real guest, and another tenant's routine quarantine (issue 28, item 1): the
+/// guest holds descriptors on `a/f` and `h`, renames `a` to `b` and `h` to `b/h2`, and works in
+/// `b/sub`; then the operator quarantines a subvolume the guest has nothing to do with. The
+/// descriptors and the cwd must go on working. Before, RENAME left each moved node's link at
+/// its old name, and the first derivation after the gate changed (every watcher round while
+/// anything is denied) failed closed on it: EACCES on the guest's own descriptors and cwd,
+/// while the same files by their new paths worked.
+#[test]
+fn guest_renames_survive_another_tenants_quarantine() {
+    let lab = Lab::get();
+    let group = format!("qr{}", std::process::id());
+    let sv = format!("/volumes/{group}/sv");
+    let other = format!("/volumes/{group}/other");
+    mkdirs(&lab.ceph(), &sv);
+    mkdirs(&lab.ceph(), &format!("{other}/d"));
+    let work = lab.scratch(&group);
+    let d = common::Daemon::start(&lab, &work, &sv, &[]);
+    // The guest signals through the share itself: it creates `ready`; the host quarantines
+    // `other` and, once the daemon's watcher has seen it, creates `go`.
+    let script = r#"#!/bin/sh
+r() { if "$@" >/dev/null 2>&1; then echo "QT $1 $2 ok"; else echo "QT $1 $2 fail"; fi; }
+cd /mnt
+mkdir -p a/sub
+echo one > a/f
+echo two > h
+exec 3>>a/f
+exec 4>>h
+exec 5<a/f
+mv a b
+mv h b/h2
+cd b/sub
+touch /mnt/ready
+i=0; while [ ! -e /mnt/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+[ -e /mnt/go ] && echo "QT go"
+sleep 1.5
+if echo more >&3 2>/dev/null; then echo "QT fd3 write ok"; else echo "QT fd3 write fail"; fi
+if echo more >&4 2>/dev/null; then echo "QT fd4 write ok"; else echo "QT fd4 write fail"; fi
+if cat <&5 >/dev/null 2>&1; then echo "QT fd5 read ok"; else echo "QT fd5 read fail"; fi
+r touch x
+r ls .
+r stat ..
+r cat /mnt/b/f
+r cat /mnt/b/h2
+echo "QT done"
+"#;
+    let lab2 = Lab::get();
+    let (sv2, other2) = (sv.clone(), other.clone());
+    let host = std::thread::spawn(move || {
+        let m = lab2.ceph();
+        let perm = UserPerm::root();
+        let t = Instant::now();
+        while quarantine::resolve(&m, &format!("{sv2}/ready"), &perm).is_err()
+            && t.elapsed() < Duration::from_secs(180)
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        run_cmd(&lab2, "enable", &other2);
+        // Past the bound, the daemon's watcher has seen it (and changes its gate every round).
+        std::thread::sleep(BOUND * 2);
+        mkdirs(&lab2.ceph(), &format!("{sv2}/go"));
+    });
+    let run = common::run_guest(&lab, &work, &d, script, &[], 300);
+    host.join().unwrap();
+    run_cmd(&lab, "disable", &other);
+    let con = &run.console;
+    let mut missing = Vec::new();
+    for want in [
+        "QT go",
+        "QT fd3 write ok",
+        "QT fd4 write ok",
+        "QT fd5 read ok",
+        "QT touch x ok",
+        "QT ls . ok",
+        "QT stat .. ok",
+        "QT cat /mnt/b/f ok",
+        "QT cat /mnt/b/h2 ok",
+        "QT done",
+    ] {
+        if !con.contains(want) {
+            missing.push(want);
+        }
+    }
+    assert!(missing.is_empty(), "missing {missing:?}:\n{con}");
+    let log = d.log_text();
+    assert!(
+        !log.contains("quarantine: operation denied"),
+        "the guest was denied:\n{log}"
+    );
+    // The bytes written through the descriptors are where the new names lead.
+    let m = lab.ceph();
+    let b = common::ceph_dir(&m, &format!("{sv}/b"));
+    assert_eq!(common::ceph_read_all(&m, &b, "f"), b"one\nmore\n");
+    assert_eq!(common::ceph_read_all(&m, &b, "h2"), b"two\nmore\n");
+}
+
 // ---- a hostile guest against the quarantine (issue 13) ---------------------------------------
 
 /// `--quarantine-path` daemon exporting "/" (its watcher reads the state before it serves).
@@ -737,17 +832,136 @@ fn gated_fs(lab: &Lab, name: &str) -> (CephFs, std::sync::Arc<quarantine::Gate>,
     let d = gate.domain_for_path(&format!("{export}/q")).unwrap();
     gate.register_root(q.vino().unwrap().ino, d);
     gate.publish(&[false]);
-    let mount = MountBuilder::new(Some(&lab.client_id))
-        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
-        .and_then(|b| b.mount(&export))
-        .unwrap();
+    let connect = |export: String| {
+        let (id, conf) = (lab.client_id.clone(), lab.conf.clone());
+        move || {
+            MountBuilder::new(Some(&id))
+                .and_then(|b| b.conf_read_file(Some(&conf)))
+                .and_then(|b| b.mount(&export))
+        }
+    };
+    let mount = connect(export.clone())().unwrap();
     let cfg = FsConfig {
         quarantine: Some(gate.clone()),
+        // As the daemon has it: renames over a name with other links go through it.
+        second_session: Some(ceph_virtiofsd::fs::side::Connector(std::sync::Arc::new(
+            connect(export),
+        ))),
         ..FsConfig::default()
     };
     let fs = CephFs::new(mount, cfg).unwrap();
     fs.init(FsOptions::ASYNC_READ).unwrap();
     (fs, gate, d)
+}
+
+/// CREATE of `name` in `dir`, kept open for writing: (node, handle).
+fn create_open(fs: &CephFs, dir: u64, name: &str) -> (u64, u64) {
+    let (e, fh, _, _) = fs
+        .create(
+            &ctx(0),
+            dir,
+            &c(name),
+            CreateIn {
+                flags: libc::O_WRONLY as u32,
+                mode: 0o666,
+                umask: 0,
+                fuse_flags: 0,
+            },
+        )
+        .unwrap();
+    (e.inode, fh.unwrap())
+}
+
+/// What the guest holds stays usable when the gate changes for a reason of someone else's (a
+/// subvolume created, another tenant's quarantine): files it keeps open and directories it
+/// keeps as cwd, after it renamed them (within a directory, across, over another file, with
+/// RENAME_NOREPLACE, over a name with other links), after a rename replaced them, after it
+/// unlinked them, and after it moved them by link and unlink (issue 28, item 1). Before, a
+/// RENAME left the node's link at the old name, and every derivation after the gate's next
+/// change failed closed on it: EACCES for the guest's own open descriptor.
+#[test]
+fn hostile_quarantine_the_guests_own_renames_keep_what_it_holds() {
+    let lab = Lab::get();
+    let name = format!("hostile-qmine-{}", std::process::id());
+    let (fs, gate, _d) = gated_fs(&lab, &name);
+    let root = ctx(0);
+    let mkdir = |p: u64, n: &str| fs.mkdir(&root, p, &c(n), 0o777, 0).unwrap().inode;
+    let (a, b) = (mkdir(1, "a"), mkdir(1, "b"));
+    let mut held: Vec<(&str, u64, u64)> = Vec::new();
+    // Across directories, and within one.
+    let (f, fh) = create_open(&fs, a, "f");
+    fs.rename(&root, a, &c("f"), b, &c("g"), 0).unwrap();
+    held.push(("renamed across directories", f, fh));
+    let (f, fh) = create_open(&fs, 1, "h");
+    fs.rename(&root, 1, &c("h"), 1, &c("h2"), 0).unwrap();
+    held.push(("renamed within its directory", f, fh));
+    // Over another file the guest holds open too: that one has no name left.
+    let (f, fh) = create_open(&fs, 1, "o");
+    let (t, tfh) = create_open(&fs, b, "t");
+    fs.rename(&root, 1, &c("o"), b, &c("t"), 0).unwrap();
+    held.push(("renamed over another file", f, fh));
+    held.push(("replaced by a rename", t, tfh));
+    let (f, fh) = create_open(&fs, 1, "n");
+    fs.rename(&root, 1, &c("n"), a, &c("n2"), libc::RENAME_NOREPLACE)
+        .unwrap();
+    held.push(("renamed with RENAME_NOREPLACE", f, fh));
+    // Over a name with another link (the second session's rename).
+    let (f, fh) = create_open(&fs, 1, "l");
+    let (t2, t2fh) = create_open(&fs, a, "t2");
+    fs.link(&root, t2, b, &c("t3")).unwrap();
+    fs.rename(&root, 1, &c("l"), a, &c("t2"), 0).unwrap();
+    held.push(("renamed over a name with other links", f, fh));
+    held.push(("one of its links replaced by a rename", t2, t2fh));
+    // Unlinked while open.
+    let (f, fh) = create_open(&fs, a, "u");
+    fs.unlink(&root, a, &c("u")).unwrap();
+    held.push(("unlinked while open", f, fh));
+    // Moved by link and unlink, and a second link made and removed.
+    let (f, fh) = create_open(&fs, a, "k");
+    fs.link(&root, f, b, &c("k2")).unwrap();
+    fs.unlink(&root, a, &c("k")).unwrap();
+    held.push(("moved by link and unlink", f, fh));
+    let (f, fh) = create_open(&fs, a, "j");
+    fs.link(&root, f, b, &c("j2")).unwrap();
+    fs.unlink(&root, b, &c("j2")).unwrap();
+    held.push(("its second link removed", f, fh));
+    // A directory renamed, with a file open in it.
+    let d = mkdir(1, "d");
+    let (f, fh) = create_open(&fs, d, "in");
+    fs.rename(&root, 1, &c("d"), a, &c("e"), 0).unwrap();
+    held.push(("open in a renamed directory", f, fh));
+
+    let qf = write_file(&fs, walk(&fs, "q").unwrap(), "f");
+    // A gate change alone (a subvolume created anywhere), then another domain of the same
+    // export quarantined (every file with several links is denied then: none is left).
+    for (round, change) in ["a gate change", "a quarantine next door"]
+        .iter()
+        .enumerate()
+    {
+        if round == 0 {
+            gate.invalidate();
+        } else {
+            gate.publish(&[true]);
+            assert_eq!(errno(fs.getattr(&root, qf, None)), libc::EACCES);
+        }
+        let mut failed = Vec::new();
+        for (what, f, fh) in &held {
+            if let Err(e) = common::fs_write(&fs, *f, *fh, 0, b"still mine") {
+                failed.push(format!("write to a file {what}: {e}"));
+            }
+        }
+        let x = format!("x{round}");
+        if let Err(e) = fs.mkdir(&root, d, &c(&x), 0o777, 0) {
+            failed.push(format!("mkdir in a renamed directory: {e}"));
+        }
+        if let Err(e) = fs.getattr(&root, a, None) {
+            failed.push(format!("getattr of a directory renamed into: {e}"));
+        }
+        assert!(failed.is_empty(), "after {change}:\n{}", failed.join("\n"));
+    }
+    // The new names reach the same files.
+    assert_eq!(walk(&fs, "b/g").unwrap(), held[0].1);
+    walk(&fs, "a/e/x1").unwrap();
 }
 
 /// A SETLKW waiting for another client's lock when the quarantine comes is not granted

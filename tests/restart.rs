@@ -370,7 +370,14 @@ fn restart_with_no_active_mds_fails_the_start_instead_of_waiting() {
         .arg(work.join("vhost-fs.sock"))
         .arg("--ceph-conf")
         .arg(&cluster.lab.conf)
-        .args(["--client-id", "admin", "--instance-id", "vm1"])
+        .args([
+            "--client-id",
+            "admin",
+            "--ceph-root",
+            "/",
+            "--instance-id",
+            "vm1",
+        ])
         .args(["--mount-timeout", "2", "--seccomp", "none"])
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -143,6 +143,162 @@ fn status_field(pid: u32, field: &str) -> String {
         .join(" ")
 }
 
+/// Every thread of `pid` (libcephfs's, started at mount, included): its uid, and no
+/// capability in its effective, permitted, bounding or ambient set.
+fn assert_no_capability_in_any_thread(pid: u32, uid: u32, log: &dyn Fn() -> String) {
+    let want = uid.to_string();
+    let mut seen = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("{e}"))
+        .filter_map(|t| t.ok())
+    {
+        let text = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        if text.is_empty() {
+            continue; // the thread ended meanwhile
+        }
+        seen += 1;
+        let line = |f: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{f}:")))
+                .map(|v| v.split_whitespace().collect::<Vec<_>>().join(" "))
+                .unwrap_or_default()
+        };
+        let name = line("Name");
+        assert_eq!(
+            line("Uid"),
+            [want.as_str(); 4].join(" "),
+            "thread {name} ({:?})\n{}",
+            task.path(),
+            log()
+        );
+        for set in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+            assert_eq!(
+                line(set),
+                "0000000000000000",
+                "{set} of thread {name} ({:?})\n{}",
+                task.path(),
+                log()
+            );
+        }
+    }
+    assert!(seen > 1, "one thread only: libcephfs's are missing");
+}
+
+/// SIGTERM to a pid when dropped (a daemon a failing test would leave running), unless
+/// disarmed once the daemon was waited for.
+struct KillOnDrop(Option<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
+/// Until the daemon logged `what` (its sandbox is then in place), at most 60 s.
+fn wait_log(log: &std::path::Path, what: &str) -> String {
+    for _ in 0..1200 {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if text.contains(what) {
+            return text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!(
+        "no '{what}' in the daemon's log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// libvirt and Kata start the daemon as root with no --user. Where the package's user exists
+/// (here: a passwd and group bound over /etc's in a private mount namespace, the host's stay
+/// untouched), the daemon switches to it once CephFS is mounted, and no thread keeps a
+/// capability: not the effective or permitted sets, and not the bounding set, which is per
+/// thread (libcephfs's threads, started at mount, kept a full one before). With --user
+/// nobody, the same. On main the first daemon stays uid 0 with root's capabilities.
+#[test]
+fn a_root_start_keeps_no_capability_in_any_thread() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("this test starts the daemon as root: run it as root");
+    }
+    let lab = common::Lab::get();
+    let name = format!("sandbox-caps-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+
+    // The package's user, as the postinst makes it, in copies of /etc/passwd and /etc/group.
+    let (uid, gid) = (64_123u32, 64_123u32);
+    let passwd = work.join("passwd");
+    let group = work.join("group");
+    let mut p = std::fs::read_to_string("/etc/passwd").unwrap();
+    p.push_str(&format!(
+        "ceph-virtiofsd:x:{uid}:{gid}:ceph-virtiofsd daemon:/nonexistent:/usr/sbin/nologin\n"
+    ));
+    std::fs::write(&passwd, p).unwrap();
+    let mut g = std::fs::read_to_string("/etc/group").unwrap();
+    g.push_str(&format!("ceph-virtiofsd:x:{gid}:\n"));
+    std::fs::write(&group, g).unwrap();
+
+    let nobody = sandbox::resolve_account("nobody", None).expect("the lab needs a 'nobody' user");
+    for (label, extra, want_uid) in [
+        ("default", &[][..], uid),
+        ("--user nobody", &["--user", "nobody"][..], nobody.uid),
+    ] {
+        let dir = work.join(label.replace(' ', "-"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("daemon.log");
+        let logf = std::fs::File::create(&log).unwrap();
+        // unshare and sh exec: the daemon keeps the child's pid.
+        let mut child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "--", "/bin/sh", "-euc"])
+            .arg("mount --bind \"$1\" /etc/passwd; mount --bind \"$2\" /etc/group; shift 2; exec \"$@\"")
+            .arg("sh")
+            .arg(&passwd)
+            .arg(&group)
+            .arg(common::daemon_binary())
+            .arg("--socket-path")
+            .arg(dir.join("vhost-fs.sock"))
+            .arg("--ceph-conf")
+            .arg(&lab.conf)
+            .args(["--client-id", &lab.client_id, "--ceph-root", &export])
+            .args(["--log-level", "info"])
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .stdout(logf.try_clone().unwrap())
+            .stderr(logf)
+            .spawn()
+            .expect("run unshare");
+        let pid = child.id();
+        // Stopped (SIGTERM) even when an assertion below fails.
+        let mut stop = KillOnDrop(Some(pid));
+        let text = wait_log(&log, "Dropped privileges");
+        println!(
+            "{label}: {}",
+            text.lines()
+                .find(|l| l.contains("Dropped privileges"))
+                .unwrap_or("")
+        );
+        assert_eq!(status_field(pid, "NoNewPrivs"), "1");
+        assert_no_capability_in_any_thread(pid, want_uid, &|| {
+            std::fs::read_to_string(&log).unwrap_or_default()
+        });
+        let _ = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status();
+        let status = child.wait().unwrap();
+        stop.0 = None;
+        assert!(
+            status.success(),
+            "{label}: exit {status}\n{}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    }
+}
+
 #[test]
 fn guest_suite_passes_with_the_daemon_unprivileged_under_seccomp_kill() {
     // SAFETY: geteuid has no preconditions.

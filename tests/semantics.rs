@@ -1,5 +1,5 @@
 //! Linux file semantics the guest is promised, where libcephfs on its own does not give them
-//! (README, "What the guest sees"). Each test is a sequence a guest user runs, sent to the
+//! (docs/semantics.md). Each test is a sequence a guest user runs, sent to the
 //! filesystem layer the way fuse-backend-rs's server sends it, against the real cluster; the
 //! expected result is what a local Linux filesystem and the kernel CephFS client answer.
 
@@ -164,6 +164,93 @@ fn direct_writes_are_seen_by_buffered_reads() {
     let mut buf = vec![0u8; 4096];
     f.read(65536 + 4096, &mut buf).unwrap();
     same(&buf, &mid, "another client reads the direct write");
+}
+
+/// WRITE data whose reading runs something else first: a guest's request on another queue,
+/// served between the moment the WRITE chose its path and the moment it wrote.
+struct Interleaved<'a> {
+    data: Payload,
+    meanwhile: Option<Box<dyn FnOnce() + 'a>>,
+}
+
+impl std::io::Read for Interleaved<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        self.data.read(buf)
+    }
+}
+
+impl fuse_backend_rs::api::filesystem::ZeroCopyReader for Interleaved<'_> {
+    fn read_to(
+        &mut self,
+        f: &mut dyn fuse_backend_rs::file_traits::FileReadWriteVolatile,
+        count: usize,
+        off: u64,
+    ) -> std::io::Result<usize> {
+        if let Some(run) = self.meanwhile.take() {
+            run();
+        }
+        self.data.read_to(f, count, off)
+    }
+}
+
+/// The first buffered READ of a file racing an O_DIRECT WRITE through a write-only descriptor
+/// (review of f9264a9, finding 4): the WRITE chose libcephfs's direct path (no buffered I/O of
+/// the inode yet), the READ, on another queue, marked the inode and cached the old bytes, and
+/// the WRITE, having reached the OSDs, then read its range back to put it in the cache,
+/// through the guest's write-only handle: EBADF for data already written, and the reader's
+/// cache left stale. The READ is run at the point of the race (after the WRITE's routing,
+/// before its data moves), so the interleaving is the same every run.
+#[test]
+fn a_direct_write_through_a_write_only_handle_racing_a_first_buffered_read() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-odirect-race");
+    let root = ctx(0, 0);
+    let (ino, created) = create_as(&fs, &root, 1, &c("f"), 0o666);
+    release(&fs, ino, created);
+    let direct = open(&fs, ino, libc::O_WRONLY | libc::O_DIRECT);
+    let old = bytes(1, 64 << 10);
+    write(&fs, ino, direct, 0, &old);
+    let buffered = open(&fs, ino, libc::O_RDONLY);
+    let new = bytes(2, 8 << 10);
+    let seen = std::cell::RefCell::new(Vec::new());
+    let mut data = Interleaved {
+        data: Payload(new.clone()),
+        meanwhile: Some(Box::new(|| {
+            *seen.borrow_mut() = read(&fs, ino, buffered, 0, old.len());
+        })),
+    };
+    let r = fs.write(
+        &root,
+        ino,
+        direct,
+        &mut data,
+        new.len() as u32,
+        0,
+        None,
+        false,
+        0,
+        0,
+    );
+    same(&seen.borrow(), &old, "the racing buffered read");
+    let mut failed = Vec::new();
+    match r {
+        Ok(n) if n == new.len() => {}
+        r => failed.push(format!(
+            "the O_DIRECT WRITE through a write-only handle: {r:?}"
+        )),
+    }
+    let stale = |got: &[u8]| got.get(..new.len()) != Some(&new[..]);
+    if stale(&read(&fs, ino, buffered, 0, new.len())) {
+        failed.push("the buffered reader reads the old bytes".into());
+    }
+    let m = lab.ceph();
+    let dir = common::ceph_dir(&m, &format!("sem-odirect-race-{}", std::process::id()));
+    if stale(&common::ceph_read_all(&m, &dir, "f")) {
+        failed.push("another client reads the old bytes".into());
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+    release(&fs, ino, direct);
+    release(&fs, ino, buffered);
 }
 
 /// The daemon sends O_DIRECT writes through libcephfs's cache only for inodes whose data the
@@ -891,6 +978,74 @@ fn writes_kill_only_the_privilege_bits() {
             "write to a {mode:o} file by its owner"
         );
     }
+}
+
+/// A WRITE by a caller other than root clears setuid (and setgid with group-exec) whether or
+/// not the guest flagged it (review of f9264a9, finding 10). The flag is the guest kernel's
+/// report that the writer lacks CAP_FSETID; a hostile guest leaves it off, and with root
+/// squashed or mapped it is never the caller's to waive: FALLOCATE and COPY_FILE_RANGE already
+/// take every non-root caller as flagged. Root (CAP_FSETID, as the guest's kernel would have
+/// flagged it otherwise) keeps the bits. libcephfs 16 clears the bits itself on a write by
+/// anyone but the owner (so another id's setuid file was never kept: not a hole there), but
+/// not on the owner's: before, the owner's unflagged writes kept them.
+#[test]
+fn hostile_unflagged_writes_by_non_root_callers_kill_setuid() {
+    let lab = Lab::get();
+    let fs = fs_for(&lab, "sem-write-unflagged");
+    let root = ctx(0, 0);
+    let owner = ctx(2000, 2000);
+    let writer = ctx(1000, 1000);
+    let mut failed = Vec::new();
+    for (i, (who, name, mode, after)) in [
+        (&writer, "a non-root writer", 0o4777, 0o0777),
+        (&writer, "a non-root writer", 0o6777, 0o0777),
+        (&writer, "a non-root writer", 0o2777, 0o0777),
+        (&writer, "a non-root writer", 0o4666, 0o0666),
+        (&owner, "the owner", 0o4700, 0o0700),
+        (&owner, "the owner", 0o6750, 0o0750),
+        (&owner, "the owner", 0o4600, 0o0600),
+        (&root, "root", 0o4777, 0o4777),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let file = format!("f{i}");
+        let (ino, fh) = create_as(&fs, &owner, 1, &c(&file), 0o666);
+        release(&fs, ino, fh);
+        let mut attr = stat(&fs, ino);
+        attr.st_mode = libc::S_IFREG | mode;
+        fs.setattr(&root, ino, attr, None, SetattrValid::MODE)
+            .unwrap();
+        let fh = fs
+            .open(who, ino, libc::O_RDWR as u32, 0)
+            .unwrap()
+            .0
+            .unwrap();
+        let data = bytes(4, 100);
+        let n = fs
+            .write(
+                who,
+                ino,
+                fh,
+                &mut Payload(data.clone()),
+                data.len() as u32,
+                0,
+                None,
+                false,
+                0,
+                0,
+            )
+            .unwrap();
+        assert_eq!(n, data.len());
+        release(&fs, ino, fh);
+        let got = stat(&fs, ino).st_mode & 0o7777;
+        if got != after {
+            failed.push(format!(
+                "unflagged write by {name} to a {mode:o} file: {got:o}, not {after:o}"
+            ));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
 /// No entry takes the snapshot directory's name. The MDS makes a real `.snap` entry when asked

@@ -10,8 +10,8 @@ use vm_memory::ByteValued;
 
 use crate::backend::{Ctx, DirEntry, Op, OpError, Reply};
 
-/// Opcode numbers: the daemon's table (`server::wire`).
-pub use ceph_virtiofsd::server::wire::opcode::*;
+/// Opcode numbers: the daemon's table (`wire`).
+pub use ceph_virtiofsd::wire::opcode::*;
 
 /// `FUSE_WRITE_KILL_SUIDGID` (write_flags; the kernel sets it for callers without CAP_FSETID).
 pub const FUSE_WRITE_KILL_SUIDGID: u32 = 1 << 2;

@@ -9,6 +9,7 @@ mod asok;
 mod backend;
 mod cost;
 mod density;
+mod echo;
 mod floor;
 mod fuse;
 mod hostile;
@@ -406,6 +407,11 @@ fn main() -> ExitCode {
     // `ceph-virtiofsd-bench cost ...`: instructions per cached request, under callgrind.
     if std::env::args_os().nth(1).is_some_and(|a| a == "cost") {
         return cost::main(std::env::args_os().skip(1));
+    }
+    // `ceph-virtiofsd-bench echo ...`: the daemon's request path over a filesystem that
+    // answers at once (the physical limit the daemon is measured against).
+    if std::env::args_os().nth(1).is_some_and(|a| a == "echo") {
+        return echo::main(std::env::args_os().skip(1));
     }
     // `ceph-virtiofsd-bench density ...`: idle guests a script measures (tests/bench/density).
     if std::env::args_os().nth(1).is_some_and(|a| a == "density") {

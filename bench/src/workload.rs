@@ -36,7 +36,7 @@ pub enum Workload {
     Readdir5000,
     Randwrite4k,
     /// O_DIRECT 4 KiB random reads of the randwrite4k file, at its depth (not in `all`: the
-    /// async READ path's measurement, README "Nonblocking I/O").
+    /// async READ path's measurement, docs/benchmarks.md, "Nonblocking I/O").
     Randread4k,
     Seqwrite1m,
     Seqread1m,

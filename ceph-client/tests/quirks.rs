@@ -1,6 +1,6 @@
 //! What libcephfs 16 answers differently from a local Linux filesystem and the daemon cannot
 //! correct, each shown against libcephfs directly. If one of these tests starts to fail, a
-//! newer libcephfs behaves: drop the matching note in README ("What the guest sees") and the
+//! newer libcephfs behaves: drop the matching note in docs/semantics.md and the
 //! matching tolerance in tests/guest/fscheck.
 //!
 //! Needs a cluster like tests/integration.rs: `CEPH_CONF=DIR/ceph.conf`.

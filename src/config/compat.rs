@@ -1,5 +1,8 @@
 //! virtiofsd's command-line compatibility: the legacy `-o` options we take, and the virtiofsd
-//! flags that have no meaning here and are ignored with a warning.
+//! flags that have no meaning here and are ignored with a warning. `--migration-mode`,
+//! `--migration-verify-handles`, `--migration-confirm-paths`, `--no-announce-submounts` and
+//! `--posix-acl=never`/`--security-label=never` are accepted silently: they ask for what
+//! ceph-virtiofsd does anyway.
 
 use super::ConfigError;
 use crate::args::{self as cli, Args};
@@ -60,6 +63,7 @@ pub(super) fn parse_legacy(
 }
 
 pub(super) fn ignored_option_warnings(args: &Args, warnings: &mut Vec<String>) {
+    let asks = |s: Option<cli::Support>| s.is_some_and(|s| s != cli::Support::Never);
     let flags: [(&str, bool); 14] = [
         ("--sandbox", args.sandbox.is_some()),
         ("--announce-submounts", args.announce_submounts),
@@ -67,17 +71,16 @@ pub(super) fn ignored_option_warnings(args: &Args, warnings: &mut Vec<String>) {
         ("--allow-direct-io", args.allow_direct_io),
         ("--killpriv-v2", args.killpriv_v2),
         ("--no-killpriv-v2", args.no_killpriv_v2),
-        ("--posix-acl", args.posix_acl),
-        ("--security-label", args.security_label),
+        ("--posix-acl", asks(args.posix_acl)),
+        ("--security-label", asks(args.security_label)),
         ("--writeback", args.writeback),
         ("--no-readdirplus", args.no_readdirplus),
         ("--preserve-noatime", args.preserve_noatime),
         ("--allow-mmap", args.allow_mmap),
-        ("--socket-group", args.socket_group.is_some()),
         ("--rlimit-nofile", args.rlimit_nofile.is_some()),
+        ("--modcaps", args.modcaps.is_some()),
     ];
     let more = [
-        ("--modcaps", args.modcaps.is_some()),
         ("--xattrmap", args.xattrmap.is_some()),
         ("-f", args.foreground),
     ];

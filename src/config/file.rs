@@ -78,6 +78,8 @@ pub struct FileVhostUser {
     pub keep_serving: Option<bool>,
     pub migration_on_error: Option<cli::MigrationOnError>,
     pub handover: Option<PathBuf>,
+    /// `--socket-group`.
+    pub socket_group: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -90,6 +92,8 @@ pub struct FileFuse {
     pub held_inodes: Option<usize>,
     pub snapshots: Option<cli::Snapshots>,
     pub allow_device_nodes: Option<bool>,
+    /// `--readonly`.
+    pub readonly: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -111,6 +115,8 @@ pub struct FileCeph {
     pub mount_timeout: Option<u64>,
     /// The device's stable session identity (`--instance-id`).
     pub instance_id: Option<String>,
+    /// The guest's name in the session's client metadata (`--name`).
+    pub name: Option<String>,
     /// `--object-cache-mib`.
     pub object_cache_mib: Option<u64>,
     /// `--inode-cache`.

@@ -45,7 +45,7 @@ pub const DEFAULT_OBJECT_CACHE_MIB: u64 = 32;
 /// Largest `--object-cache-mib` (more makes no sense behind a guest's own page cache).
 pub const MAX_OBJECT_CACHE_MIB: u64 = 16 * 1024;
 /// Default `--inode-cache`: half libcephfs's own `client_cache_size` (16384): with the
-/// default `--held-inodes` it met the density targets (README, "Density").
+/// default `--held-inodes` it met the density targets (docs/benchmarks.md, "Density").
 pub const DEFAULT_INODE_CACHE: u64 = 8192;
 /// Default bound past which a FUSE request is reported as slow (`--slow-request-secs`).
 pub const DEFAULT_SLOW_REQUEST: Duration = Duration::from_secs(30);
@@ -104,6 +104,11 @@ pub struct Config {
     pub handover: Option<PathBuf>,
     pub cache: CacheMode,
     pub xattr: bool,
+    /// `--readonly`: every request that would change the file system fails with EROFS.
+    pub readonly: bool,
+    /// `--socket-group`: the group the `--socket-path` socket is given to (read and write for
+    /// it, by the umask the daemon starts with).
+    pub socket_group: Option<u32>,
     /// Per-guest limits and policy of the filesystem layer.
     pub guest: GuestLimits,
     pub log: LogConfig,
@@ -162,6 +167,8 @@ pub enum ConfigError {
     BadFd(RawFd),
     #[error("--shared-dir/source= is not supported: ceph-virtiofsd exports CephFS, not a host directory; use --ceph-root PATH to pick the exported CephFS path")]
     SharedDir,
+    #[error("--uid-map/--gid-map are not supported: they place virtiofsd in a user namespace to share a host directory unprivileged (libvirt session mode); ceph-virtiofsd has no host directory and needs no user namespace. Start it from system libvirt, systemd or as root, and translate ids with --translate-uid/--translate-gid")]
+    UserNamespaceMap,
     #[error("Tag {0:?} is invalid: it must be 1 to 36 bytes long")]
     BadTag(String),
     #[error("--queues {0} is out of range: use 1 to 63")]
@@ -172,6 +179,10 @@ pub enum ConfigError {
     NonblockingUnsupported,
     #[error("Ceph root {0:?} must be an absolute CephFS path such as / or /volumes/vm1")]
     BadCephRoot(String),
+    #[error("{0}: ceph-virtiofsd serves no Ceph identity and no CephFS subtree by default. Add {1} (or {2} under [ceph] in the --config file); to serve the whole file system as client.admin, say so: --client-id admin --ceph-root /")]
+    NoCephIdentity(&'static str, &'static str, &'static str),
+    #[error("Name {0:?} must be 1 to 64 letters, digits or . _ - : @ (e.g. the VM's name)")]
+    BadName(String),
     #[error("Ceph option {0:?} must be KEY=VALUE with a non-empty KEY")]
     BadCephOpt(String),
     #[error("Mount timeout must be at least 1 second")]
@@ -184,6 +195,8 @@ pub enum ConfigError {
     BadLegacyOpt(String, String),
     #[error("Invalid --user/--group")]
     Account(#[source] SandboxError),
+    #[error("Invalid --socket-group")]
+    SocketGroup(#[source] SandboxError),
     #[error("Invalid uid/gid translation")]
     IdMap(#[source] IdMapError),
     #[error("Metrics address {0:?} is invalid: use PORT (bound to 127.0.0.1) or IP:PORT")]
@@ -245,6 +258,7 @@ impl From<cli::SeccompMode> for SeccompMode {
             cli::SeccompMode::None => SeccompMode::None,
             cli::SeccompMode::Log => SeccompMode::Log,
             cli::SeccompMode::Kill => SeccompMode::Kill,
+            cli::SeccompMode::Trap => SeccompMode::Trap,
         }
     }
 }
@@ -323,9 +337,10 @@ fn validate_tag(tag: String) -> Result<String, ConfigError> {
     Ok(tag)
 }
 
-/// An `--instance-id`: it goes into the session uuid, the logs and `ceph tell mds.* session
-/// ls`, so only characters that need no quoting anywhere.
-fn check_instance_id(id: String) -> Result<String, ConfigError> {
+/// An `--instance-id` or `--name`: it goes into the session uuid or client metadata
+/// (`key=value,...`), the logs and `ceph tell mds.* session ls`, so only characters that need
+/// no quoting anywhere.
+fn check_name(id: String, bad: fn(String) -> ConfigError) -> Result<String, ConfigError> {
     let ok = (1..=64).contains(&id.len())
         && id
             .bytes()
@@ -333,7 +348,7 @@ fn check_instance_id(id: String) -> Result<String, ConfigError> {
     if ok {
         Ok(id)
     } else {
-        Err(ConfigError::BadInstanceId(id))
+        Err(bad(id))
     }
 }
 
@@ -479,6 +494,9 @@ impl Config {
         if args.shared_dir.is_some() {
             return Err(ConfigError::SharedDir);
         }
+        if !args.uid_map.is_empty() || !args.gid_map.is_empty() {
+            return Err(ConfigError::UserNamespaceMap);
+        }
         let mut warnings = Vec::new();
         ignored_option_warnings(&args, &mut warnings);
         let legacy = parse_legacy(&args.legacy_opts, &mut warnings)?;
@@ -596,10 +614,33 @@ impl Config {
                 .map_or(DEFAULT_SLOW_REQUEST, Duration::from_secs),
         };
 
-        let root = args
-            .ceph_root
-            .or(file.ceph.root)
-            .unwrap_or_else(|| "/".to_owned());
+        // No implicit identity or root: client.admin and "/" serve only when named.
+        let client_id = args.cluster.client_id.or(file.ceph.client_id);
+        let root = args.ceph_root.or(file.ceph.root);
+        let (client_id, root) = match (client_id, root) {
+            (Some(id), Some(root)) => (id, root),
+            (None, None) => {
+                return Err(ConfigError::NoCephIdentity(
+                    "No Ceph client id and no export root",
+                    "--client-id ID --ceph-root PATH",
+                    "client-id and root",
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::NoCephIdentity(
+                    "No Ceph client id",
+                    "--client-id ID",
+                    "client-id",
+                ))
+            }
+            (Some(_), None) => {
+                return Err(ConfigError::NoCephIdentity(
+                    "No export root",
+                    "--ceph-root PATH (e.g. the output of `ceph fs subvolume getpath`)",
+                    "root",
+                ))
+            }
+        };
         // Canonical ("/a/b"): libcephfs refuses "//" and "/./" in a mount path, and the
         // quarantine decides the export's domain on the path's components.
         let root = crate::quarantine::normalize(&root).ok_or(ConfigError::BadCephRoot(root))?;
@@ -643,7 +684,7 @@ impl Config {
         let instance_id = args
             .instance_id
             .or(file.ceph.instance_id)
-            .map(check_instance_id)
+            .map(|id| check_name(id, ConfigError::BadInstanceId))
             .transpose()?;
 
         let user = args.user.or(file.sandbox.user);
@@ -653,8 +694,26 @@ impl Config {
                 crate::sandbox::resolve_account(&u, g.as_deref()).map_err(ConfigError::Account)?,
             ),
             (None, Some(_)) => return Err(ConfigError::Account(SandboxError::GroupWithoutUser)),
-            (None, None) => None,
+            // Started as root (libvirt, Kata): the package's user, if it exists.
+            (None, None) => crate::sandbox::package_account().map_err(ConfigError::Account)?,
         };
+        let socket_group = args
+            .socket_group
+            .or(file.vhost_user.socket_group)
+            .map(|g| crate::sandbox::resolve_group(&g).map_err(ConfigError::SocketGroup))
+            .transpose()?;
+        if socket_group.is_some() && matches!(listen, Listen::Fd(_)) {
+            warnings.push(
+                "Ignoring --socket-group: the socket was inherited (--fd), its creator sets its \
+                 group"
+                    .to_owned(),
+            );
+        }
+        let name = args
+            .name
+            .or(file.ceph.name)
+            .map(|n| check_name(n, ConfigError::BadName))
+            .transpose()?;
         let sandbox = SandboxConfig {
             user: account,
             seccomp: args
@@ -703,18 +762,21 @@ impl Config {
             },
             cache,
             xattr,
+            readonly: args.readonly || file.fuse.readonly.unwrap_or(false),
+            socket_group,
             guest,
             log,
             ceph: CephConfig {
                 access: CephAccess {
                     conf: args.cluster.ceph_conf.or(file.ceph.conf),
-                    client_id: args.cluster.client_id.or(file.ceph.client_id),
+                    client_id: Some(client_id),
                     keyring: args.cluster.keyring.or(file.ceph.keyring),
                     fs_name: args.cluster.fs_name.or(file.ceph.fs_name),
                     options,
                     mount_timeout: secs,
                     // Set by the daemon on the export's and the watcher's own copies only.
                     session_uuid: None,
+                    name,
                 },
                 root,
                 instance_id,
@@ -734,11 +796,77 @@ mod tests {
     use crate::idmap::{GuestGid, GuestUid, HostGid, HostUid};
     use clap::Parser;
 
+    /// The configuration of `cli`, with a client id and an export root unless it names them
+    /// (both are required: see [`no_implicit_identity_or_root`]).
     fn parse(cli: &[&str]) -> Result<Config, ConfigError> {
         let mut argv = vec!["ceph-virtiofsd"];
+        if !cli.iter().any(|a| a.starts_with("--client-id")) {
+            argv.push("--client-id=t");
+        }
+        if !cli.iter().any(|a| a.starts_with("--ceph-root")) {
+            argv.push("--ceph-root=/t");
+        }
         argv.extend_from_slice(cli);
+        parse_exact(&argv)
+    }
+
+    fn parse_exact(argv: &[&str]) -> Result<Config, ConfigError> {
         let args = Args::try_parse_from(argv).unwrap_or_else(|e| panic!("clap: {e}"));
         Config::try_from(args)
+    }
+
+    /// `file` with the required client id and export root, where it has none.
+    fn ident(mut file: FileConfig) -> FileConfig {
+        file.ceph.client_id.get_or_insert_with(|| "t".to_owned());
+        file.ceph.root.get_or_insert_with(|| "/t".to_owned());
+        file
+    }
+
+    /// client.admin and "/" serve only when named; a missing client id or root stops the
+    /// start with a message naming what to add.
+    #[test]
+    fn no_implicit_identity_or_root() {
+        for (cli, what) in [
+            (&["x", "--fd=3"][..], "--client-id ID --ceph-root PATH"),
+            (&["x", "--fd=3", "--ceph-root=/v"][..], "--client-id ID"),
+            (&["x", "--fd=3", "--client-id=vm1"][..], "--ceph-root PATH"),
+        ] {
+            match parse_exact(cli) {
+                Err(e @ ConfigError::NoCephIdentity(..)) => {
+                    let msg = e.to_string();
+                    assert!(msg.contains(what), "{cli:?}: {msg}");
+                    assert!(msg.contains("--client-id admin --ceph-root /"), "{msg}");
+                }
+                other => panic!("{cli:?}: {other:?}"),
+            }
+        }
+        // Named, they serve.
+        let c = parse_exact(&["x", "--fd=3", "--client-id=admin", "--ceph-root=/"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph.access.client_id.as_deref(), Some("admin"));
+        assert_eq!(c.ceph.root, "/");
+        // From the file, or half from each.
+        let file: FileConfig = toml::from_str("[ceph]\nclient-id = \"vm1\"\nroot = \"/v\"\n")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (c.ceph.access.client_id.as_deref(), c.ceph.root.as_str()),
+            (Some("vm1"), "/v")
+        );
+        let file: FileConfig =
+            toml::from_str("[ceph]\nroot = \"/v\"\n").unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd=3", "--client-id=vm2"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph.access.client_id.as_deref(), Some("vm2"));
+        let file: FileConfig =
+            toml::from_str("[ceph]\nroot = \"/v\"\n").unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(matches!(
+            Config::merge(args, file),
+            Err(ConfigError::NoCephIdentity(..))
+        ));
     }
 
     #[test]
@@ -754,23 +882,23 @@ mod tests {
         );
         // Only the export's own mount carries it (the config's access is shared).
         assert_eq!(c.ceph.access.session_uuid, None);
-        let c = parse(&["--fd=3", "--instance-id=vm1"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = parse(&["--fd=3", "--client-id=admin", "--instance-id=vm1"])
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             c.ceph.session_uuid().as_deref(),
-            Some("ceph-virtiofsd/client.admin/vm1"),
-            "libcephfs's default client id"
+            Some("ceph-virtiofsd/client.admin/vm1")
         );
         // From the file; the command line wins.
         let file: FileConfig = toml::from_str("[ceph]\ninstance-id = \"from-file\"\n")
             .unwrap_or_else(|e| panic!("{e}"));
         let args = Args::try_parse_from(["x", "--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.ceph.instance_id.as_deref(), Some("from-file"));
         let file: FileConfig = toml::from_str("[ceph]\ninstance-id = \"from-file\"\n")
             .unwrap_or_else(|e| panic!("{e}"));
         let args = Args::try_parse_from(["x", "--fd=3", "--instance-id=cli"])
             .unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.ceph.instance_id.as_deref(), Some("cli"));
     }
 
@@ -824,7 +952,7 @@ mod tests {
             "read-write",
         ])
         .unwrap();
-        let c = Config::merge(args, file).unwrap();
+        let c = Config::merge(args, ident(file)).unwrap();
         assert_eq!(
             c.guest,
             GuestLimits {
@@ -857,7 +985,7 @@ mod tests {
             toml::from_str("[vhost-user]\nmigration-on-error = \"abort\"\n").unwrap();
         let args = Args::try_parse_from(["ceph-virtiofsd", "--socket-path", "/tmp/s"]).unwrap();
         assert_eq!(
-            Config::merge(args, file).unwrap().migration_on_error,
+            Config::merge(args, ident(file)).unwrap().migration_on_error,
             OnError::Abort
         );
         assert!(Args::try_parse_from([
@@ -879,10 +1007,92 @@ mod tests {
         assert_eq!(c.poll_us, DEFAULT_POLL_US);
         assert_eq!(c.cache, CacheMode::Auto);
         assert!(c.xattr);
-        assert_eq!(c.ceph.root, "/");
+        assert!(!c.readonly);
+        assert_eq!(c.socket_group, None);
+        assert_eq!(c.ceph.access.name, None);
         assert_eq!(c.ceph.access.mount_timeout, DEFAULT_MOUNT_TIMEOUT);
         assert_eq!(c.log.slow_request, DEFAULT_SLOW_REQUEST);
         assert!(c.warnings.is_empty());
+        // Started as root (libvirt, Kata), the package's user when it exists.
+        assert_eq!(
+            c.sandbox.user,
+            crate::sandbox::package_account().unwrap_or_else(|e| panic!("{e}"))
+        );
+    }
+
+    /// `--name`: the guest's name for the session's client metadata, from the command line or
+    /// the file; checked like an instance id (it lands in `key=value,...`).
+    #[test]
+    fn name_for_the_client_metadata() {
+        let c = parse(&["--fd=3", "--name=vm-1.a:b@c"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph.access.name.as_deref(), Some("vm-1.a:b@c"));
+        for bad in ["", "a,b", "a=b", "a b", "é"] {
+            assert!(
+                matches!(
+                    parse(&["--fd=3", &format!("--name={bad}")]),
+                    Err(ConfigError::BadName(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        let file: FileConfig =
+            toml::from_str("[ceph]\nname = \"from-file\"\n").unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.ceph.access.name.as_deref(), Some("from-file"));
+    }
+
+    /// virtiofsd 1.14's forms that mean something here: --readonly, --socket-group,
+    /// --seccomp trap; the migration flags are accepted; --uid-map/--gid-map refused with a
+    /// pointer to --translate-uid.
+    #[test]
+    fn virtiofsd_1_14_forms() {
+        let c = parse(&[
+            "--socket=/tmp/s",
+            "--readonly",
+            "--socket-group=0",
+            "--seccomp=trap",
+            "--migration-mode=find-paths",
+            "--migration-verify-handles",
+            "--migration-confirm-paths",
+            "--no-announce-submounts",
+            "--posix-acl=never",
+            "--security-label=never",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.listen, Listen::SocketPath("/tmp/s".into()));
+        assert!(c.readonly);
+        assert_eq!(c.socket_group, Some(0));
+        assert_eq!(c.sandbox.seccomp, SeccompMode::Trap);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+        let c = parse(&[
+            "--fd=3",
+            "--posix-acl",
+            "--security-label=always",
+            "--socket-group=root",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.warnings.len(), 3, "{:?}", c.warnings);
+        assert!(matches!(
+            parse(&["--fd=3", "--socket-group=no-such-group-xyz"]),
+            Err(ConfigError::SocketGroup(_))
+        ));
+        for map in ["--uid-map=:0:100000:65536:", "--gid-map=:0:100000:65536:"] {
+            match parse(&["--fd=3", map]) {
+                Err(e @ ConfigError::UserNamespaceMap) => {
+                    assert!(e.to_string().contains("--translate-uid"), "{e}")
+                }
+                other => panic!("{map}: {other:?}"),
+            }
+        }
+        let file: FileConfig = toml::from_str(
+            "[vhost-user]\nsocket-path = \"/s\"\nsocket-group = \"0\"\n[fuse]\nreadonly = true\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.readonly);
+        assert_eq!(c.socket_group, Some(0));
     }
 
     #[test]
@@ -897,14 +1107,14 @@ mod tests {
             toml::from_str("[vhost-user]\nsocket-path = \"/s\"\n[log]\nslow-request-secs = 5\n")
                 .unwrap_or_else(|e| panic!("{e}"));
         let args = Args::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.log.slow_request, Duration::from_secs(5));
         assert_eq!(c.ceph_admin_socket(), None, "no metrics, no admin socket");
         let file: FileConfig =
             toml::from_str("[log]\nslow-request-secs = 5\n").unwrap_or_else(|e| panic!("{e}"));
         let args = Args::try_parse_from(["x", "--fd=3", "--slow-request-secs=1"])
             .unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             c.log.slow_request,
             Duration::from_secs(1),
@@ -1042,7 +1252,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let args = Args::try_parse_from(["x", "--fd=3", "--inode-cache", "200"])
             .unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(opt(&c, "client_oc_size").as_deref(), Some("67108864"));
         assert_eq!(opt(&c, "client_cache_size").as_deref(), Some("200"));
 
@@ -1086,7 +1296,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let args = Args::try_parse_from(["x", "--nonblocking-io", "auto"])
             .unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.nonblocking_io, NONBLOCKING_BUILT);
     }
 
@@ -1122,7 +1332,7 @@ mod tests {
             "client_oc=true",
         ])
         .unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.listen, Listen::SocketPath("/run/cli.sock".into()));
         assert_eq!(c.cache, CacheMode::Always);
         assert!(c.xattr);
@@ -1229,7 +1439,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let args = Args::try_parse_from(["x", "--translate-uid", "map:1:6000:1"])
             .unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.sandbox.seccomp, SeccompMode::None);
         assert!(c.sandbox.user.is_some());
         // The command line's uid rules replace the file's.
@@ -1292,7 +1502,8 @@ mod tests {
         let file: FileConfig =
             toml::from_str("[quarantine]\nclient-id = \"file-watch\"\nkeyring = \"/k\"\n")
                 .unwrap_or_else(|e| panic!("{e}"));
-        let args = Args::try_parse_from(["x", "--fd", "3"]).unwrap_or_else(|e| panic!("{e}"));
+        let args = Args::try_parse_from(["x", "--fd", "3", "--client-id=t", "--ceph-root=/t"])
+            .unwrap_or_else(|e| panic!("{e}"));
         let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.quarantine.client_id.as_deref(), Some("file-watch"));
         assert!(matches!(
@@ -1364,7 +1575,7 @@ mod tests {
         .unwrap_or_else(|e| panic!("{e}"));
         let args = Args::try_parse_from(["x"]).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(
-            Config::merge(args, file),
+            Config::merge(args, ident(file)),
             Err(ConfigError::MetricsAddrAndSocket)
         ));
         // The command line replaces the file's endpoint.
@@ -1373,7 +1584,7 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{e}"));
         let args =
             Args::try_parse_from(["x", "--metrics-addr", "9"]).unwrap_or_else(|e| panic!("{e}"));
-        let c = Config::merge(args, file).unwrap_or_else(|e| panic!("{e}"));
+        let c = Config::merge(args, ident(file)).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(
             c.metrics.map(|m| m.endpoint),
             Some(MetricsEndpoint::Tcp(_))

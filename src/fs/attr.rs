@@ -3,7 +3,20 @@
 //! mapped to the guest's ids). A SETATTR is a pure request ([`setattr_request`]) plus the call;
 //! the privileges it must clear are [`super::kill`]'s.
 
-use super::*;
+use std::io;
+use std::time::Duration;
+
+use ceph_client::{
+    Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_ATIME_NOW, CEPH_SETATTR_CTIME, CEPH_SETATTR_GID,
+    CEPH_SETATTR_KILL_SGUID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME, CEPH_SETATTR_MTIME_NOW,
+    CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_STATX_UID,
+};
+use fuse_backend_rs::abi::fuse_abi::{stat64, statvfs64, SetattrValid};
+
+use crate::idmap::{HostGid, HostUid, IdMapping};
+
+use super::perms::Caller;
+use super::{errno, perm_bits, perms, CephFs, Handle, Node, WANT};
 
 fn timespec_to(t: &ceph_client::Timespec) -> (i64, i64) {
     (t.tv_sec, t.tv_nsec)

@@ -2,7 +2,25 @@
 //! FSYNC, FALLOCATE, LSEEK, COPY_FILE_RANGE and SYNCFS, and the coherence of libcephfs's object
 //! cache with a guest's O_DIRECT writers.
 
-use super::*;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+#[cfg(libcephfs_nonblocking)]
+use std::time::Duration;
+
+use ceph_client::{File, Inode};
+use fuse_backend_rs::abi::fuse_abi::WRITE_KILL_PRIV;
+use fuse_backend_rs::api::filesystem::{Context, ZeroCopyReader, ZeroCopyWriter};
+use fuse_backend_rs::file_buf::FileVolatileSlice;
+use fuse_backend_rs::file_traits::FileReadWriteVolatile;
+
+use super::killpriv::Trigger;
+use super::open::OpenFile;
+use super::perms::Caller;
+use super::{errno, len64, range, to_len, to_off, CephFs};
+use crate::server::{AsyncOps, SessionOps, WireOps};
+#[cfg(libcephfs_nonblocking)]
+use crate::server::{AsyncReply, AsyncStart};
 
 /// Chunk of a server-side copy.
 const COPY_CHUNK: usize = 1 << 20;
@@ -88,7 +106,9 @@ impl CephFs {
     }
 
     /// What a WRITE does before it writes, on either path (blocking here, `fs::aio`): the
-    /// range, the handle, and the kill of suid/sgid (KILLPRIV_V2).
+    /// range, the handle, and the kill of suid/sgid (KILLPRIV_V2). The guest's kill flag says
+    /// its kernel found the writer without CAP_FSETID; a caller other than root is taken to
+    /// lack it whatever the flag says (a hostile guest leaves it off), as for FALLOCATE.
     pub(super) fn write_start(
         &self,
         ctx: &Caller,
@@ -105,7 +125,7 @@ impl CephFs {
             self.kill_privs(
                 &node,
                 Trigger::Write,
-                fuse_flags & WRITE_KILL_PRIV != 0,
+                fuse_flags & WRITE_KILL_PRIV != 0 || !ctx.host_uid().is_root(),
                 &self.perm(ctx),
             )?;
         }
@@ -261,7 +281,11 @@ impl CephFs {
     /// After a write that bypassed libcephfs's cache: if buffered I/O of the inode began while
     /// it ran, the cache may have read the old bytes of the range meanwhile. Write the range
     /// again through the cache, as read back from the OSDs (rare: a buffered reader racing a
-    /// direct writer of the same file).
+    /// direct writer of the same file). The read-back bypasses the cache too (O_DIRECT): the
+    /// guest's handle if it can read, else one opened for it as root (the guest's may be
+    /// write-only, and libcephfs answers a read through it EBADF: the WRITE, already on the
+    /// OSDs, was answered EBADF and the cache kept the old bytes). The caller's open already
+    /// allowed writing these bytes; reading back what it wrote gives the guest nothing.
     pub(super) fn after_direct_write(&self, f: &OpenFile, off: u64, len: usize) -> io::Result<()> {
         let Some(twin) = &f.writer else {
             return Ok(());
@@ -270,7 +294,16 @@ impl CephFs {
             return Ok(());
         }
         let mut buf = vec![0u8; len];
-        let n = f.file.read(off, &mut buf)?;
+        let n = if f.oflags & libc::O_ACCMODE == libc::O_RDWR {
+            f.file.read(off, &mut buf)?
+        } else {
+            let reader = self.mount().open(
+                &f.inode,
+                libc::O_RDONLY | libc::O_DIRECT,
+                &self.perms.root(),
+            )?;
+            reader.read(off, &mut buf)?
+        };
         write_all(twin, off, read_part(&buf, n)?)
     }
 
@@ -437,7 +470,7 @@ impl FileReadWriteVolatile for CephIo<'_> {
     }
 }
 
-impl crate::server::wire::ExtraOps for CephFs {
+impl WireOps for CephFs {
     fn copy_file_range(
         &self,
         ctx: &Context,
@@ -464,7 +497,9 @@ impl crate::server::wire::ExtraOps for CephFs {
         self.node(ino)?;
         self.sync_all()
     }
+}
 
+impl SessionOps for CephFs {
     fn session_lost(&self) {
         self.note_session_lost();
     }
@@ -478,7 +513,9 @@ impl crate::server::wire::ExtraOps for CephFs {
         crate::metrics::session_recovery(r.is_ok());
         r
     }
+}
 
+impl AsyncOps for CephFs {
     #[cfg(libcephfs_nonblocking)]
     fn async_takes(&self, opcode: u32, node: u64, fh: u64) -> bool {
         self.aio_takes(opcode, node, fh)
@@ -494,7 +531,7 @@ impl crate::server::wire::ExtraOps for CephFs {
         offset: u64,
         room: usize,
         tag: u64,
-    ) -> io::Result<crate::server::wire::AsyncStart> {
+    ) -> io::Result<AsyncStart> {
         self.aio_read(ctx, node, fh, size, offset, room, tag)
     }
 
@@ -509,15 +546,12 @@ impl crate::server::wire::ExtraOps for CephFs {
         offset: u64,
         fuse_flags: u32,
         tag: u64,
-    ) -> io::Result<crate::server::wire::AsyncStart> {
+    ) -> io::Result<AsyncStart> {
         self.aio_write(ctx, node, fh, data, size, offset, fuse_flags, tag)
     }
 
     #[cfg(libcephfs_nonblocking)]
-    fn async_next(
-        &self,
-        timeout: Duration,
-    ) -> Option<(u64, io::Result<crate::server::wire::AsyncReply>)> {
+    fn async_next(&self, timeout: Duration) -> Option<(u64, io::Result<AsyncReply>)> {
         self.aio_next(timeout)
     }
 }

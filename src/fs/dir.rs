@@ -1,7 +1,20 @@
 //! Directory streams: OPENDIR, READDIR and READDIRPLUS (one reply page at a time, resuming
 //! where the last one stopped), FSYNCDIR and RELEASEDIR.
 
-use super::*;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ceph_client::Dir;
+use fuse_backend_rs::abi::fuse_abi::OpenOptions;
+use fuse_backend_rs::api::filesystem::{Context, DirEntry, Entry};
+
+use crate::idmap::GuestUid;
+
+use super::attr::to_stat;
+use super::perms::Caller;
+use super::state;
+use super::{errno, names, to_len, to_off, CephFs, Handle, Node, WANT};
 
 #[derive(Debug)]
 pub struct DirStream {

@@ -2,7 +2,17 @@
 //! with the gate generation it holds for and derived again from the node's real ancestry after
 //! the gate changed, and the gate every request passes (`node_op`, `dir_op`, `gate`).
 
-use super::*;
+use std::ffi::CStr;
+use std::io;
+use std::sync::Arc;
+
+use ceph_client::{Inode, Statx, CEPH_STATX_INO, CEPH_STATX_NLINK};
+
+use crate::idmap::GuestUid;
+
+use super::nodes::{Vino, NOSNAP, ROOT_ID};
+use super::perms::Caller;
+use super::{errno, kind_of, vino_of, CephFs, Link, Node, CEPH_INO_ROOT, PATH_MAX, WANT};
 
 /// Where a walk up a directory's ancestry ended ([`CephFs::walk_up`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,9 +74,13 @@ impl CephFs {
     /// the export root. Each link of
     /// a head inode is confirmed by looking its name up in its parent (answered from
     /// libcephfs's cache while the MDS has not told it otherwise, i.e. unless another client
-    /// renamed or removed it): a link that no longer holds, a chain that ends elsewhere, or
-    /// a file with more links while a domain near the export is denied (its other names may
-    /// lie in it) gives [`crate::quarantine::UNSURE`], which is always denied.
+    /// renamed or removed it); the guest's own renames move the link with the node, and a
+    /// file goes on through any of the names it keeps that holds. A link that no longer
+    /// holds (of a file: none of its names, while it still has a link somewhere), a chain
+    /// that ends elsewhere, or a file with more links while a domain near the export is
+    /// denied (its other names may lie in it) gives [`crate::quarantine::UNSURE`], which is
+    /// always denied. A file with no link left (unlinked, or replaced by a rename, while the
+    /// guest keeps it open) can no longer move: it stays in the directory it was last in.
     ///
     /// The directories passed on the way up are stamped too, and the walk stops at the first
     /// one already derived in this generation: after a gate change each directory costs one
@@ -109,19 +123,32 @@ impl CephFs {
                 }
                 break;
             };
-            if head && !self.link_holds(&link, n.vino, &perm) {
+            let nlink = || {
+                self.inode(n)
+                    .and_then(|i| Ok(self.mount().getattr(&i, CEPH_STATX_NLINK, 0, &perm)?))
+                    .map(|st| st.stx_nlink)
+                    .ok()
+            };
+            let up = if !head || self.link_holds(&link, n.vino, &perm) {
+                link
+            } else if n.is_dir() {
+                break;
+            } else {
+                let names = n.links();
+                match names
+                    .iter()
+                    .skip(1)
+                    .find(|l| self.link_holds(l, n.vino, &perm))
+                {
+                    Some(l) => l.clone(),
+                    None if nlink() == Some(0) => link,
+                    None => break,
+                }
+            };
+            if head && !n.is_dir() && g.near_denied() && !matches!(nlink(), Some(0 | 1)) {
                 break;
             }
-            if head && !n.is_dir() && g.near_denied() {
-                match self
-                    .inode(n)
-                    .and_then(|i| Ok(self.mount().getattr(&i, CEPH_STATX_NLINK, 0, &perm)?))
-                {
-                    Ok(st) if st.stx_nlink <= 1 => {}
-                    _ => break,
-                }
-            }
-            chain.push(link.parent);
+            chain.push(up.parent);
         }
         for p in &chain {
             p.set_domain(domain, generation);

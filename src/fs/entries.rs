@@ -3,7 +3,28 @@
 //! the snapshot policy on `.snap` names, and the namespace changes: SYMLINK, MKNOD, MKDIR,
 //! UNLINK, RMDIR, RENAME, LINK (and READLINK).
 
-use super::*;
+use super::limits::Table;
+use super::nodes::ROOT_ID;
+use std::ffi::CStr;
+use std::ffi::CString;
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ceph_client::{Inode, Statx, CEPH_SNAPDIR, CEPH_STATX_INO, CEPH_STATX_MODE, CEPH_STATX_NLINK};
+use fuse_backend_rs::api::filesystem::Entry;
+
+use crate::idmap::GuestUid;
+
+use super::attr::to_stat;
+use super::domain::Up;
+use super::names::Use;
+use super::nodes::{NewNode, Vino, NOSNAP};
+use super::perms::Caller;
+use super::policy::CacheMode;
+use super::{
+    errno, kind_of, names, nodes, vino_of, CephFs, Link, Node, CEPH_INO_ROOT, PATH_MAX, WANT,
+};
 
 /// What a rename would replace.
 enum RenameTarget {
@@ -53,6 +74,11 @@ impl CephFs {
         gate: Option<(&'static str, GuestUid)>,
     ) -> io::Result<Entry> {
         let vino = vino_of(st);
+        // Snapshot policy `hidden`: a `.snap` directory does not exist, and never enters the
+        // table, not even for a moment (its node id would lead into the snapshots).
+        if vino.snapid == CEPH_SNAPDIR && !self.cfg.snapshots.visible() {
+            return Err(errno(libc::ENOENT));
+        }
         if !is_child(parent.vino, vino) {
             tracing::warn!(
                 parent = ?parent.vino,
@@ -116,21 +142,6 @@ impl CephFs {
             return Err(errno(libc::EROFS));
         }
         Ok(())
-    }
-
-    /// Snapshot policy `hidden`: an entry that is a `.snap` directory does not exist (its
-    /// lookup count is given back).
-    fn snapdir_visible(&self, e: Entry) -> io::Result<Entry> {
-        if self.cfg.snapshots.visible() || e.inode == 0 {
-            return Ok(e);
-        }
-        match self.nodes.get(e.inode) {
-            Some(n) if n.vino.snapid == CEPH_SNAPDIR => {
-                self.nodes.forget(e.inode, 1);
-                Err(errno(libc::ENOENT))
-            }
-            _ => Ok(e),
-        }
     }
 
     pub(super) fn entry_for(&self, node: &Node, st: &Statx) -> Entry {
@@ -212,6 +223,11 @@ impl CephFs {
         // ".." never reaches libcephfs from the guest: see `lookup_parent`.
         if bytes == b".." {
             return self.lookup_parent(parent, ctx);
+        }
+        // Snapshot policy `hidden`: the snapshot directory's name is not there; libcephfs is
+        // not asked (see `child_entry`).
+        if bytes == &*self.snapdir && !self.cfg.snapshots.visible() {
+            return Err(errno(libc::ENOENT));
         }
         let (inode, st) = self
             .mount()
@@ -299,10 +315,7 @@ impl CephFs {
     pub(super) fn do_lookup(&self, ctx: &Caller, parent: u64, name: &CStr) -> io::Result<Entry> {
         names::check_name(name, Use::Lookup).map_err(errno)?;
         let parent = self.dir_op(parent, "lookup", ctx)?;
-        match self
-            .lookup_name(&parent, name, ctx)
-            .and_then(|e| self.snapdir_visible(e))
-        {
+        match self.lookup_name(&parent, name, ctx) {
             // A negative entry lets the guest cache "not there" for as long as a positive one.
             Err(e)
                 if e.raw_os_error() == Some(libc::ENOENT) && self.cfg.cache != CacheMode::Never =>
@@ -446,9 +459,10 @@ impl CephFs {
         // looked up first for libcephfs too: a rename of a name that does not exist can leave
         // its dentry marked as being renamed, and every later lookup of the name then waits
         // forever (ceph-client/tests/quirks.rs).
-        let (_, from) =
-            self.mount()
-                .lookup(&*self.inode(&old)?, oldname, CEPH_STATX_INO, 0, &perm)?;
+        let want = CEPH_STATX_INO | CEPH_STATX_MODE | CEPH_STATX_NLINK;
+        let (_, from) = self
+            .mount()
+            .lookup(&*self.inode(&old)?, oldname, want, 0, &perm)?;
         match flags {
             // POSIX: a rename between two links of one file (or of a name onto itself) does
             // nothing. Linux's VFS checks it before asking the filesystem, but a guest whose
@@ -463,6 +477,7 @@ impl CephFs {
                             .rename(old.vino.ino, oldname, new.vino.ino, newname, &perm)
                     {
                         r?;
+                        self.renamed(&old, oldname, &new, newname, &from);
                         self.after_rename(&old, &new);
                         return Ok(());
                     }
@@ -492,9 +507,34 @@ impl CephFs {
             newname,
             &perm,
         )?;
+        self.renamed(&old, oldname, &new, newname, &from);
         self.after_rename(&old, &new);
         self.forget_stale_source(&old, oldname, from.stx_ino, &perm);
         Ok(())
+    }
+
+    /// After the guest renamed `oldname` in `old` (the inode `from`) to `newname` in `new`:
+    /// the moved node, if the guest holds it, is found at its new name from now on, in the
+    /// domain of its new place. The guest's kernel moves its dentry and sends no LOOKUP, and
+    /// its open descriptors and cwd never walk the new name: left at the old one, the link
+    /// would fail at the gate's next change (someone else's quarantine, a subvolume created)
+    /// and deny the guest its own files. A node the rename replaced keeps its names; the one
+    /// it lost no longer holds, and the derivation goes on through its others or, with no
+    /// link left, stays where it was (see `derive_domain`).
+    fn renamed(&self, old: &Node, oldname: &CStr, new: &Arc<Node>, newname: &CStr, from: &Statx) {
+        let Some(node) = self.nodes.find(vino_of(from)) else {
+            return;
+        };
+        node.renamed(
+            old.id,
+            oldname,
+            Link {
+                parent: new.clone(),
+                name: newname.to_owned(),
+            },
+        );
+        let (d, generation) = self.child_domain(new, from);
+        node.set_domain(d, generation);
     }
 
     /// After a rename through the main session: libcephfs 16 has been seen to keep the source
@@ -562,10 +602,19 @@ impl CephFs {
         }
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
+        let inode = self.inode(&node)?;
         self.mount()
-            .link(&*self.inode(&node)?, &*self.inode(&parent)?, newname, &perm)?;
-        let st = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
-        self.same_entry(&node, &st)
+            .link(&inode, &*self.inode(&parent)?, newname, &perm)?;
+        let st = self.mount().getattr(&inode, WANT, 0, &perm)?;
+        // The new name is one more the node keeps (it may outlive the one it was found by).
+        self.child_entry(
+            &parent,
+            newname.to_bytes(),
+            inode.try_clone()?,
+            &st,
+            "link",
+            None,
+        )
     }
 }
 

@@ -11,13 +11,13 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 
-use super::shards::Shards;
+use super::shards::{IdMap, Shards};
 
 const SHARDS: usize = 64;
 
 #[derive(Debug)]
 pub struct HandleTable<H> {
-    shards: Shards<RwLock<HashMap<u64, Arc<Entry<H>>>>, SHARDS>,
+    shards: Shards<RwLock<IdMap<Arc<Entry<H>>>>, SHARDS>,
     next: AtomicU64,
     /// Handles in the table.
     count: AtomicUsize,
@@ -39,7 +39,7 @@ pub struct Entry<H> {
 impl<H> Default for HandleTable<H> {
     fn default() -> Self {
         HandleTable {
-            shards: Shards::new(|| RwLock::new(HashMap::new())),
+            shards: Shards::new(|| RwLock::new(IdMap::default())),
             next: AtomicU64::new(session_base()),
             count: AtomicUsize::new(0),
             max: AtomicUsize::new(usize::MAX),
@@ -68,7 +68,7 @@ fn session_base() -> u64 {
 }
 
 impl<H> HandleTable<H> {
-    fn shard(&self, fh: u64) -> &RwLock<HashMap<u64, Arc<Entry<H>>>> {
+    fn shard(&self, fh: u64) -> &RwLock<IdMap<Arc<Entry<H>>>> {
         // Handles are sequential: the low bits spread them over the shards.
         self.shards.get(fh)
     }

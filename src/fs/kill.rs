@@ -2,7 +2,17 @@
 //! owner changes — the setuid/setgid bits through `CEPH_SETATTR_KILL_SGUID` or an explicit mode
 //! where the MDS's rule differs from Linux's, and `security.capability`.
 
-use super::*;
+use std::io;
+use std::sync::atomic::Ordering;
+
+use ceph_client::{
+    Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_GID, CEPH_SETATTR_KILL_SGUID, CEPH_SETATTR_MODE,
+    CEPH_SETATTR_MTIME, CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_STATX_MODE,
+};
+use fuse_backend_rs::abi::fuse_abi::SetattrValid;
+
+use super::killpriv::{Kill, Trigger};
+use super::{killpriv, perm_bits, CephFs, Node};
 
 /// What a SETATTR must clear or restore around the setattr (`CephFs::setattr_kill`).
 #[derive(Debug, Default, Clone, Copy)]

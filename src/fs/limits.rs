@@ -34,7 +34,7 @@ pub const DEFAULT_MAX_NODES: usize = 500_000;
 /// Default `--max-handles`: far above what guest processes keep open in ordinary use.
 pub const DEFAULT_MAX_HANDLES: usize = 100_000;
 /// Default `--held-inodes`: about 8 MiB of libcephfs inodes. With `--inode-cache` 8192 it keeps
-/// a daemon whose guest walked 100,000 inodes near 115 MiB (README, "Density"); the hot part
+/// a daemon whose guest walked 100,000 inodes near 115 MiB (docs/benchmarks.md, "Density"); the hot part
 /// of a guest's working set stays referenced, the rest costs a node and a lookup by number.
 pub const DEFAULT_HELD_INODES: usize = 4096;
 

@@ -2,7 +2,18 @@
 //! LK_FLOCK), the release of a closing owner's locks at FLUSH, and the conversions between
 //! FUSE's lock ranges and `struct flock`.
 
-use super::*;
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fuse_backend_rs::abi::fuse_abi::LK_FLOCK;
+use fuse_backend_rs::api::filesystem::FileLock;
+
+use crate::idmap::GuestUid;
+
+use super::open::OpenFile;
+use super::perms::Caller;
+use super::{errno, CephFs, Handle};
 
 impl CephFs {
     pub(super) fn do_flush(
@@ -87,7 +98,9 @@ impl CephFs {
             }
             f.file.flock(op, owner)?;
             if sleep && op != libc::LOCK_UN {
-                self.after_lock_wait(&f, uid, || f.file.flock(libc::LOCK_UN, owner))?;
+                self.after_lock_wait(&f, inode, handle, uid, || {
+                    f.file.flock(libc::LOCK_UN, owner)
+                })?;
             }
             return Ok(());
         }
@@ -99,25 +112,40 @@ impl CephFs {
                 l_type: F_UNLCK,
                 ..fl
             };
-            self.after_lock_wait(&f, uid, || f.file.setlk(&unlock, owner, false))?;
+            self.after_lock_wait(&f, inode, handle, uid, || {
+                f.file.setlk(&unlock, owner, false)
+            })?;
         }
         Ok(())
     }
 
     /// A lock granted after waiting (SETLKW, a blocking flock) may have waited across a
-    /// quarantine: the gate is asked again, and a lock the guest may no longer have is
-    /// given back (EACCES).
+    /// quarantine, or across the end of the guest's session (a reboot: its next FUSE_INIT
+    /// closed the handle the wait was made on, and nobody will unlock for the dead boot): the
+    /// gate is asked again and the handle looked up again, and a lock the guest may no longer
+    /// have is given back (EACCES, EBADF).
     fn after_lock_wait(
         &self,
-        f: &OpenFile,
+        f: &Arc<OpenFile>,
+        inode: u64,
+        handle: u64,
         uid: GuestUid,
         unlock: impl FnOnce() -> Result<(), ceph_client::CephError>,
     ) -> io::Result<()> {
-        match self.gate(self.domain_of(&f.node), "lock", uid) {
+        let still_open = self
+            .handles
+            .get(inode, handle)
+            .is_ok_and(|h| matches!(&h.handle, Handle::File(g) if Arc::ptr_eq(g, f)));
+        let allowed = if still_open {
+            self.gate(self.domain_of(&f.node), "lock", uid)
+        } else {
+            Err(errno(libc::EBADF))
+        };
+        match allowed {
             Ok(()) => Ok(()),
             Err(e) => {
                 if let Err(u) = unlock() {
-                    tracing::warn!(%u, "giving back a lock granted after a quarantine");
+                    tracing::warn!(%u, "giving back a lock granted after a quarantine or after its session ended");
                 }
                 Err(e)
             }

@@ -1,7 +1,7 @@
 //! The filesystem: FUSE requests served by calling CephFS through libcephfs.
 //!
 //! This layer knows nothing of virtio or vhost-user: it implements fuse-backend-rs's
-//! `FileSystem` trait (plus [`crate::server::ExtraOps`] for the opcodes fuse-backend-rs does not
+//! `FileSystem` trait (plus the server's traits, [`crate::server::Servable`], for the opcodes fuse-backend-rs does not
 //! dispatch) over the `ceph-client` crate. Node ids and handles are ours ([`nodes`],
 //! [`handles`]); credentials come from the request ([`perms`]); how long the guest may cache what
 //! we return is [`policy`]'s decision; the SB_NOSEC contract is [`killpriv`]'s. The
@@ -40,43 +40,30 @@ mod stats;
 mod xattr;
 
 use arc_swap::ArcSwap;
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ceph_client::{
-    Dir, File, Inode, Mount, Statx, CEPH_SETATTR_ATIME, CEPH_SETATTR_ATIME_NOW, CEPH_SETATTR_CTIME,
-    CEPH_SETATTR_GID, CEPH_SETATTR_KILL_SGUID, CEPH_SETATTR_MODE, CEPH_SETATTR_MTIME,
-    CEPH_SETATTR_MTIME_NOW, CEPH_SETATTR_SIZE, CEPH_SETATTR_UID, CEPH_SNAPDIR,
-    CEPH_STATX_BASIC_STATS, CEPH_STATX_INO, CEPH_STATX_MODE, CEPH_STATX_NLINK, CEPH_STATX_UID,
-};
+use ceph_client::{Inode, Mount, Statx, CEPH_SNAPDIR, CEPH_STATX_BASIC_STATS, CEPH_STATX_INO};
 use fuse_backend_rs::abi::fuse_abi::{
-    stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid, FOPEN_IN_KILL_SUIDGID,
-    LK_FLOCK, WRITE_KILL_PRIV,
+    stat64, statvfs64, CreateIn, FsOptions, OpenOptions, SetattrValid,
 };
 use fuse_backend_rs::api::filesystem::{
     Context, DirEntry, Entry, FileLock, FileSystem, GetxattrReply, ListxattrReply, ZeroCopyReader,
     ZeroCopyWriter,
 };
-use fuse_backend_rs::file_buf::FileVolatileSlice;
-use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 
 use handles::HandleTable;
-use killpriv::{Kill, Trigger};
 use limits::{LimitStats, Table};
-use names::{Use, XattrAccess};
-use nodes::{NewNode, NodeTable, Vino, NOSNAP, ROOT_ID};
+use nodes::{NewNode, NodeTable, Vino, NOSNAP};
 
-use crate::idmap::{GuestUid, HostGid, HostUid, IdMapping};
+use crate::idmap::IdMapping;
 
 type Link = nodes::Link<Inode>;
 use perms::{Caller, PermCache};
 use policy::{CachePolicy, NodeClass};
-
-use attr::to_stat;
-use domain::Up;
 
 pub use attr::access_allowed;
 pub use dir::DirStream;
@@ -134,6 +121,9 @@ pub struct FsConfig {
     pub second_session: Option<side::Connector>,
     /// uid/gid translation between the guest and CephFS (`--translate-uid/--translate-gid`).
     pub idmap: IdMapping,
+    /// `--readonly`: every operation that would change the file system fails with EROFS
+    /// ([`CephFs::writable`]).
+    pub readonly: bool,
 }
 
 impl Default for FsConfig {
@@ -153,6 +143,7 @@ impl Default for FsConfig {
             allow_device_nodes: false,
             second_session: None,
             idmap: IdMapping::default(),
+            readonly: false,
         }
     }
 }
@@ -180,6 +171,11 @@ pub struct CephFs {
     nodes_refound: AtomicU64,
     /// A request is trimming the node table (one at a time; the others go on).
     trimming: AtomicBool,
+    /// The guest's FUSE session is open: INIT came and no DESTROY since.
+    session: AtomicBool,
+    /// References held when the last trim ended short of its goal (0 when it reached it): no
+    /// trim before the table holds a sixteenth of the limit more (see `bound_held_inodes`).
+    trim_floor: AtomicUsize,
     /// Short second sessions, for renames over hard links.
     side: side::SideClient,
     /// The snapshot directory's name (libcephfs's `client_snapdir`).
@@ -287,11 +283,24 @@ impl CephFs {
             nodes_released: AtomicU64::new(0),
             nodes_refound: AtomicU64::new(0),
             trimming: AtomicBool::new(false),
+            session: AtomicBool::new(false),
+            trim_floor: AtomicUsize::new(0),
             migration: state::Migration::default(),
             recovery: recover::Recovery::default(),
             #[cfg(libcephfs_nonblocking)]
             aio: aio::Aio::default(),
         })
+    }
+
+    /// `--readonly`: EROFS for an operation that would change the file system. Checked first
+    /// in each such operation of the [`FileSystem`] impl (setattr, symlink, mknod, mkdir,
+    /// unlink, rmdir, rename, link, create, write, fallocate, setxattr, removexattr, and an
+    /// open for writing or truncation), before anything reaches libcephfs.
+    fn writable(&self) -> io::Result<()> {
+        if self.cfg.readonly {
+            return Err(errno(libc::EROFS));
+        }
+        Ok(())
     }
 
     /// Requests refused at the limits so far: (nodes, handles).
@@ -325,21 +334,41 @@ impl CephFs {
 
     /// Keep the references the node table holds within `held_inodes`: over it, the request
     /// that notices trims the table down by a sixteenth of the limit (one request at a time;
-    /// the rest go on). A load of one counter when under the limit.
+    /// the rest go on). A load of two counters when under the limit. Should a trim end short
+    /// of its goal (only the export root is never released, but requests in flight may hold
+    /// what a sweep passes), the next waits until a sixteenth of the limit more is held: a
+    /// table that stays over the limit is not swept whole on every request.
     fn bound_held_inodes(&self) {
         let limit = self.cfg.held_inodes;
-        if self.nodes.held() <= limit || self.trimming.swap(true, Ordering::Acquire) {
+        let held = self.nodes.held();
+        if held <= limit.max(self.trim_floor.load(Ordering::Relaxed))
+            || self.trimming.swap(true, Ordering::Acquire)
+        {
             return;
         }
         let released = self.nodes.trim(limit - limit / 16);
         self.nodes_released
             .fetch_add(len64(released), Ordering::Relaxed);
+        let left = self.nodes.held();
+        let floor = if left > limit {
+            left.saturating_add(limit / 16 + 1)
+        } else {
+            0
+        };
+        self.trim_floor.store(floor, Ordering::Relaxed);
         self.trimming.store(false, Ordering::Release);
     }
 
     /// Handle table size (for metrics and tests).
     pub fn handle_count(&self) -> usize {
         self.handles.len()
+    }
+
+    /// Drop every node and handle the guest was given (closing a handle gives back the locks
+    /// taken through it).
+    fn end_session(&self) {
+        self.handles.clear();
+        self.nodes.clear();
     }
 
     /// The current CephFS session.
@@ -371,17 +400,17 @@ impl CephFs {
 
     /// A node's libcephfs inode: the reference it holds, or, if it released it
     /// ([`NodeTable::trim`]), the inode found again by number (libcephfs's cache, else one MDS
-    /// round trip) and held again. An inode gone meanwhile (deleted by another client, and no
-    /// handle keeps it) is ESTALE, as for an id the guest forgot.
+    /// round trip; a snapshot-side node through its names, [`Self::refind_by_names`]) and held
+    /// again. An inode gone meanwhile (deleted by another client, and no handle keeps it) is
+    /// ESTALE, as for an id the guest forgot.
     fn inode(&self, node: &Node) -> io::Result<Arc<Inode>> {
         let mut refound = false;
         let inode = node.inode_or_else(|vino| {
-            if vino.snapid != NOSNAP {
-                // Snapshot nodes never release theirs (nodes): not reached.
-                return Err(errno(libc::ESTALE));
-            }
             refound = true;
             self.nodes_refound.fetch_add(1, Ordering::Relaxed);
+            if vino.snapid != NOSNAP {
+                return self.refind_by_names(node);
+            }
             self.mount()
                 .lookup_inode(vino.ino)
                 .map_err(|e| match e.errno() {
@@ -394,6 +423,63 @@ impl CephFs {
             self.bound_held_inodes();
         }
         Ok(inode)
+    }
+
+    /// The inode of a `.snap` directory or a snapshot inode whose reference was released: these
+    /// cannot be found by number alone, so each is looked up again by the names it was found
+    /// by, down from the nearest ancestor at hand (one holding its reference, or a head
+    /// directory, found by number). A snapshot does not change, so each name leads where it
+    /// led; what it leads to must be the node's own vino (a snapshot removed and made again
+    /// under its name is another), else ESTALE. Ancestors found on the way keep theirs.
+    /// Iterative: a snapshot tree is as deep as the directory it was taken of.
+    fn refind_by_names(&self, node: &Node) -> io::Result<Inode> {
+        let stale = || errno(libc::ESTALE);
+        let root = self.perms.root();
+        // links[k] leads from ancestor k + 1 to ancestor k (ancestor 0 is `node`).
+        let mut links: Vec<Link> = Vec::new();
+        let mut link = node.link().ok_or_else(stale)?;
+        let mut at = loop {
+            let parent = &link.parent;
+            let found = if parent.vino.snapid == NOSNAP {
+                Some(self.inode(parent)?)
+            } else {
+                parent.inode()
+            };
+            if let Some(i) = found {
+                break i;
+            }
+            if links.len() >= PATH_MAX {
+                return Err(stale());
+            }
+            let up = parent.link().ok_or_else(stale)?;
+            links.push(link);
+            link = up;
+        };
+        links.push(link);
+        for k in (0..links.len()).rev() {
+            let name = &links.get(k).ok_or_else(stale)?.name;
+            let (inode, st) = self
+                .mount()
+                .lookup(&at, name, CEPH_STATX_INO, 0, &root)
+                .map_err(|e| match e.errno() {
+                    libc::ENOENT => stale(),
+                    _ => e.into(),
+                })?;
+            let Some(below) = k.checked_sub(1) else {
+                return if vino_of(&st) == node.vino {
+                    Ok(inode)
+                } else {
+                    Err(stale())
+                };
+            };
+            let child = &links.get(below).ok_or_else(stale)?.parent;
+            if vino_of(&st) != child.vino {
+                return Err(stale());
+            }
+            self.nodes_refound.fetch_add(1, Ordering::Relaxed);
+            at = child.inode_or_else(|_| Ok::<_, io::Error>(inode))?;
+        }
+        Err(stale())
     }
 
     /// The caller of a request: where its credentials become CephFS ids (see [`perms`]).
@@ -451,13 +537,24 @@ impl FileSystem for CephFs {
         let on = self.cfg.killpriv_v2 && capable.contains(FsOptions::HANDLE_KILLPRIV_V2);
         self.killpriv.store(on, Ordering::Relaxed);
         self.migration.note_init(capable);
+        // A guest that rebooted (or reset its driver) sends no DESTROY: the INIT of its new
+        // session ends the old one, whose nodes, handles and locks nobody will give back.
+        if self.session.swap(true, Ordering::AcqRel) {
+            tracing::info!(
+                nodes = self.nodes.len(),
+                handles = self.handles.len(),
+                "A new FUSE session begins before the last one ended (guest reboot or reset): \
+                 its nodes, handles and locks are released"
+            );
+            self.end_session();
+        }
         tracing::info!(killpriv_v2 = on, cache = %self.cfg.cache, "FUSE session starts");
         Ok(want)
     }
 
     fn destroy(&self) {
-        self.handles.clear();
-        self.nodes.clear();
+        self.session.store(false, Ordering::Release);
+        self.end_session();
     }
 
     fn lookup(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<Entry> {
@@ -493,6 +590,7 @@ impl FileSystem for CephFs {
         handle: Option<u64>,
         valid: SetattrValid,
     ) -> io::Result<(stat64, Duration)> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_setattr(ctx, inode, attr, handle, valid)
     }
@@ -509,6 +607,7 @@ impl FileSystem for CephFs {
         parent: u64,
         name: &CStr,
     ) -> io::Result<Entry> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_symlink(ctx, linkname, parent, name)
     }
@@ -522,6 +621,7 @@ impl FileSystem for CephFs {
         rdev: u32,
         _umask: u32,
     ) -> io::Result<Entry> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_mknod(ctx, parent, name, mode, rdev)
     }
@@ -534,16 +634,19 @@ impl FileSystem for CephFs {
         mode: u32,
         _umask: u32,
     ) -> io::Result<Entry> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_mkdir(ctx, parent, name, mode)
     }
 
     fn unlink(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_unlink(ctx, parent, name)
     }
 
     fn rmdir(&self, ctx: &Context, parent: u64, name: &CStr) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_rmdir(ctx, parent, name)
     }
@@ -557,11 +660,13 @@ impl FileSystem for CephFs {
         newname: &CStr,
         flags: u32,
     ) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_rename(ctx, olddir, oldname, newdir, newname, flags)
     }
 
     fn link(&self, ctx: &Context, inode: u64, newparent: u64, newname: &CStr) -> io::Result<Entry> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_link(ctx, inode, newparent, newname)
     }
@@ -573,6 +678,9 @@ impl FileSystem for CephFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<(Option<u64>, OpenOptions, Option<u32>)> {
+        if open_flags(flags, libc::O_ACCMODE | libc::O_TRUNC)? != libc::O_RDONLY {
+            self.writable()?;
+        }
         let ctx = &self.caller(ctx)?;
         self.do_open(ctx, inode, flags, fuse_flags)
     }
@@ -584,6 +692,7 @@ impl FileSystem for CephFs {
         name: &CStr,
         args: CreateIn,
     ) -> io::Result<(Entry, Option<u64>, OpenOptions, Option<u32>)> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_create(ctx, parent, name, args)
     }
@@ -616,6 +725,7 @@ impl FileSystem for CephFs {
         flags: u32,
         fuse_flags: u32,
     ) -> io::Result<usize> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_write(
             ctx,
@@ -649,6 +759,7 @@ impl FileSystem for CephFs {
         offset: u64,
         length: u64,
     ) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_fallocate(ctx, inode, handle, mode, offset, length)
     }
@@ -679,6 +790,7 @@ impl FileSystem for CephFs {
         value: &[u8],
         flags: u32,
     ) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_setxattr(ctx, inode, name, value, flags)
     }
@@ -700,6 +812,7 @@ impl FileSystem for CephFs {
     }
 
     fn removexattr(&self, ctx: &Context, inode: u64, name: &CStr) -> io::Result<()> {
+        self.writable()?;
         let ctx = &self.caller(ctx)?;
         self.do_removexattr(ctx, inode, name)
     }

@@ -1,7 +1,22 @@
 //! Open files: OPEN, CREATE and RELEASE, the handle table's entries (with the `--max-handles`
 //! limit), the O_TRUNC of an open, and how the guest may cache an open file.
 
-use super::*;
+use std::ffi::CStr;
+use std::io;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use ceph_client::{File, Inode};
+use fuse_backend_rs::abi::fuse_abi::{CreateIn, OpenOptions, FOPEN_IN_KILL_SUIDGID};
+use fuse_backend_rs::api::filesystem::Entry;
+
+use crate::idmap::GuestUid;
+
+use super::killpriv::Trigger;
+use super::limits::Table;
+use super::perms::Caller;
+use super::state;
+use super::{errno, names, open_flags, CephFs, Handle, Node, WANT};
 
 #[derive(Debug)]
 pub struct OpenFile {

@@ -12,6 +12,7 @@
 //! the cache is sharded and bounded: a guest cycling through many ids cannot grow it past
 //! [`MAX_ENTRIES`] (beyond that, a `UserPerm` is made for the request and dropped after it).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
 use std::sync::{Arc, RwLock};
@@ -98,15 +99,25 @@ pub const MAX_ENTRIES: usize = 4096;
 
 type Shard = RwLock<HashMap<(u32, u32), Arc<UserPerm>>>;
 
+thread_local! {
+    /// The credentials this thread used last (see [`PermCache::get`]).
+    static LAST: RefCell<Option<Arc<UserPerm>>> = const { RefCell::new(None) };
+}
+
 #[derive(Debug)]
 pub struct PermCache {
     shards: Shards<Shard, SHARDS>,
+    /// CephFS root's credentials, which the daemon's own checks use between a caller's
+    /// requests (the privilege kill, read-backs): kept apart, so they do not take the caller's
+    /// place in [`LAST`].
+    root: Arc<UserPerm>,
 }
 
 impl Default for PermCache {
     fn default() -> Self {
         PermCache {
             shards: Shards::new(|| RwLock::new(HashMap::new())),
+            root: Arc::new(UserPerm::new(0, 0, &[0])),
         }
     }
 }
@@ -114,11 +125,31 @@ impl Default for PermCache {
 impl PermCache {
     /// CephFS root's credentials.
     pub fn root(&self) -> Arc<UserPerm> {
-        self.get(HostUid::ROOT, HostGid::ROOT)
+        self.root.clone()
     }
 
     pub fn get(&self, uid: HostUid, gid: HostGid) -> Arc<UserPerm> {
         let (uid, gid) = (uid.get(), gid.get());
+        if (uid, gid) == (0, 0) {
+            return self.root();
+        }
+        // Most requests in a row come from one caller: the credentials this thread used last,
+        // without hashing or a lock. (A `UserPerm` is the ids alone, tied to no cache or mount.)
+        let last = LAST.with(|l| {
+            l.borrow()
+                .as_ref()
+                .filter(|p| p.uid() == uid && p.gid() == gid)
+                .cloned()
+        });
+        if let Some(p) = last {
+            return p;
+        }
+        let perm = self.lookup(uid, gid);
+        LAST.with(|l| *l.borrow_mut() = Some(perm.clone()));
+        perm
+    }
+
+    fn lookup(&self, uid: u32, gid: u32) -> Arc<UserPerm> {
         let shard = self.shards.get(u64::from(uid ^ gid.rotate_left(16)));
         if let Some(p) = shard
             .read()

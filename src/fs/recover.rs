@@ -11,13 +11,20 @@
 //! the guest releases it; a new open works. Requests that ran when the eviction hit answered
 //! ESHUTDOWN (the errno libcephfs gave). Nodes whose inode is gone answer ESTALE.
 
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ceph_client::Mount;
+
+use super::{errno, vino_of, CephFs, Handle, WANT};
 use std::collections::HashSet;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Condvar, OnceLock};
 use std::time::Instant;
 
 use super::state::Restore;
-use super::*;
 
 /// Mounts a new CephFS session like the one the daemon started with.
 pub type Remount = Box<dyn Fn() -> io::Result<Mount> + Send + Sync>;

@@ -101,3 +101,29 @@ mod tests {
         assert_eq!((*t.get(0), *t.get(u64::MAX)), (7, 7));
     }
 }
+
+/// A hasher for the ids the daemon hands out itself (node ids, handles): identity plus a
+/// splitmix64 finaliser, so that sequential ids spread over buckets. Not for keys a guest
+/// chooses: only lookups take a guest's value, inserts take ours.
+#[derive(Debug, Default)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        let mut z = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8) | u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = i;
+    }
+}
+
+/// A map keyed by ids the daemon hands out (see [`IdHasher`]).
+pub type IdMap<V> = std::collections::HashMap<u64, V, std::hash::BuildHasherDefault<IdHasher>>;

@@ -35,14 +35,27 @@
 //! the predecessor still holds it). This daemon's own session after an eviction likewise.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicU64;
+use std::ffi::CString;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use crate::idmap::GuestGid;
+use ceph_client::{Inode, CEPH_STATX_INO, CEPH_STATX_MODE, CEPH_STATX_UID};
+use fuse_backend_rs::abi::fuse_abi::FsOptions;
+use fuse_backend_rs::api::filesystem::FileSystem;
+
+use crate::idmap::{GuestGid, GuestUid, IdMapping};
 use crate::migration::{
     Bounds, HandleKind, HandleState, LoadReport, MigrationError, NodeState, OnError, Opener, State,
 };
 
-use super::*;
+use super::dir::DirStream;
+use super::domain::Up;
+use super::names;
+use super::nodes::{NewNode, Vino, NOSNAP, ROOT_ID};
+use super::open::OpenFile;
+use super::perms::Caller;
+use super::{errno, kind_of, vino_of, CephFs, Handle, Link, Node};
 
 /// Migration settings and what a session needs to be moved.
 #[derive(Debug, Default)]

@@ -2,7 +2,16 @@
 //! guest may not see or change ([`names::xattr_access`]) and the privileged ones only CephFS
 //! root may set.
 
-use super::*;
+use std::ffi::CStr;
+use std::io;
+
+use fuse_backend_rs::api::filesystem::{GetxattrReply, ListxattrReply};
+
+use crate::idmap::HostUid;
+
+use super::names::XattrAccess;
+use super::perms::Caller;
+use super::{errno, names, to_len, CephFs, Node};
 
 /// The largest xattr value Linux lets through (XATTR_SIZE_MAX).
 const XATTR_SIZE_MAX: usize = 65536;

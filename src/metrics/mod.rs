@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use text::{Kind, TextWriter};
 
-use crate::server::wire::{errno_name, opcode_name, ReplyHead, FUSE_LOOKUP, FUSE_READ, FUSE_WRITE};
+use crate::wire::{errno_name, opcode_name, ReplyHead, FUSE_LOOKUP, FUSE_READ, FUSE_WRITE};
 
 /// Opcode slots: FUSE opcodes 1..=63 have their own; slot 0 collects everything else.
 pub const OPCODE_SLOTS: usize = 64;
@@ -54,6 +54,8 @@ pub struct Metrics {
     bytes_read: AtomicU64,
     bytes_written: AtomicU64,
     malformed: AtomicU64,
+    /// Answers not given because their ring stopped first (a guest reboot, a reset).
+    dropped_answers: AtomicU64,
     negative_lookups: AtomicU64,
     queue_depth: [AtomicI64; QUEUE_SLOTS],
     quarantine_denials: AtomicU64,
@@ -171,6 +173,7 @@ impl Metrics {
             bytes_read: ZERO,
             bytes_written: ZERO,
             malformed: ZERO,
+            dropped_answers: ZERO,
             negative_lookups: ZERO,
             queue_depth: [const { AtomicI64::new(0) }; QUEUE_SLOTS],
             quarantine_denials: ZERO,
@@ -233,6 +236,17 @@ impl Metrics {
     /// Count a request that could not be parsed or answered at all.
     pub fn record_malformed(&self) {
         self.malformed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// An answer was not given: its ring stopped (and maybe started again) while the request
+    /// was served.
+    pub fn record_dropped_answer(&self) {
+        self.dropped_answers.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Answers dropped so far (see [`Self::record_dropped_answer`]).
+    pub fn dropped_answers(&self) -> u64 {
+        self.dropped_answers.load(Ordering::Relaxed)
     }
 
     /// Count a request of `queue` as in flight until the guard is dropped.
@@ -330,6 +344,16 @@ impl Metrics {
             "ceph_virtiofsd_fuse_malformed_requests_total",
             &[],
             self.malformed.load(Ordering::Relaxed),
+        );
+        w.family(
+            "ceph_virtiofsd_fuse_dropped_answers_total",
+            Kind::Counter,
+            "Requests served after their ring stopped (guest reboot or driver reset): answer not given.",
+        );
+        w.sample(
+            "ceph_virtiofsd_fuse_dropped_answers_total",
+            &[],
+            self.dropped_answers.load(Ordering::Relaxed),
         );
         w.family(
             "ceph_virtiofsd_fuse_negative_lookups_total",

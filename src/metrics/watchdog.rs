@@ -22,7 +22,7 @@ use tracing::{error, info, warn};
 use super::ceph::ClientWaits;
 use super::inflight::{self, RequestInfo, Slot, Snapshot};
 use super::Metrics;
-use crate::server::wire::opcode_name;
+use crate::wire::opcode_name;
 
 /// How often the watchdog looks.
 pub const SCAN_PERIOD: Duration = Duration::from_secs(1);
@@ -230,7 +230,7 @@ impl Waits {
 
 /// A note for requests that may wait for good by design.
 fn op_note(opcode: u32) -> &'static str {
-    if opcode == crate::server::wire::FUSE_SETLKW {
+    if opcode == crate::wire::FUSE_SETLKW {
         "a blocking lock request (SETLKW) waits as long as another process or client holds the \
          lock; if none should, "
     } else {
@@ -317,7 +317,7 @@ mod tests {
 
     fn setlkw(unique: u64) -> RequestInfo {
         RequestInfo {
-            opcode: crate::server::wire::FUSE_SETLKW,
+            opcode: crate::wire::FUSE_SETLKW,
             unique,
             node: 5,
             queue: 1,
@@ -340,7 +340,7 @@ mod tests {
         let scan = w.scan(&[a], 129 * SEC, &M);
         assert_eq!(scan, Scan::default());
         assert_eq!(M.requests_stuck(), 0);
-        assert_eq!(M.slow_requests(crate::server::wire::FUSE_SETLKW), 0);
+        assert_eq!(M.slow_requests(crate::wire::FUSE_SETLKW), 0);
     }
 
     #[test]
@@ -362,7 +362,7 @@ mod tests {
         assert_eq!(r.level, Level::Slow);
         assert_eq!(r.age, Duration::from_secs(30));
         assert_eq!(r.request.info, setlkw(7));
-        assert_eq!(M.slow_requests(crate::server::wire::FUSE_SETLKW), 1);
+        assert_eq!(M.slow_requests(crate::wire::FUSE_SETLKW), 1);
         assert_eq!(M.requests_stuck(), 1);
 
         // Still stuck: counted in the gauge, not logged nor counted again.
@@ -379,7 +379,7 @@ mod tests {
         );
         let scan = w.scan(&[a, idle], 3000 * SEC, &M);
         assert!(scan.reports.is_empty());
-        assert_eq!(M.slow_requests(crate::server::wire::FUSE_SETLKW), 1);
+        assert_eq!(M.slow_requests(crate::wire::FUSE_SETLKW), 1);
 
         // Answered: the gauge drops; the thread's own claim fails (the watchdog counted it).
         a.end(seq);
@@ -400,7 +400,7 @@ mod tests {
         // Same unique from a reconnected guest, same slot: still reported, and counted.
         a.begin(&setlkw(1), 2 * SEC);
         assert_eq!(w.scan(&[a], 4 * SEC, &M).reports.len(), 1);
-        assert_eq!(M.slow_requests(crate::server::wire::FUSE_SETLKW), 2);
+        assert_eq!(M.slow_requests(crate::wire::FUSE_SETLKW), 2);
     }
 
     #[test]
@@ -415,7 +415,7 @@ mod tests {
             [Level::VerySlow]
         );
         assert!(w.scan(&[a], 61 * SEC, &M).reports.is_empty());
-        assert_eq!(M.slow_requests(crate::server::wire::FUSE_SETLKW), 1);
+        assert_eq!(M.slow_requests(crate::wire::FUSE_SETLKW), 1);
     }
 
     #[test]
@@ -428,7 +428,7 @@ mod tests {
         let mut w = Watch::new(Duration::from_secs(1));
         let scan = w.scan(&[a], 5 * SEC, &M);
         assert_eq!(scan, Scan::default());
-        assert_eq!(M.slow_requests(crate::server::wire::FUSE_SETLKW), 0);
+        assert_eq!(M.slow_requests(crate::wire::FUSE_SETLKW), 0);
     }
 
     #[test]
@@ -461,7 +461,7 @@ mod tests {
             "{}",
             refused.hint()
         );
-        assert!(op_note(crate::server::wire::FUSE_SETLKW).contains("lock"));
+        assert!(op_note(crate::wire::FUSE_SETLKW).contains("lock"));
         assert_eq!(op_note(16), "");
     }
 }

@@ -1,5 +1,5 @@
 //! READ and WRITE answered later: the server's side of the async path (libcephfs 20's
-//! `ceph_ll_nonblocking_readv_writev`, through [`ExtraOps::async_read`] and its kin).
+//! `ceph_ll_nonblocking_readv_writev`, through [`AsyncOps::async_read`](super::AsyncOps::async_read) and its kin).
 //!
 //! [`FuseServer::start_async`] takes a READ or WRITE only when the blocking path would hand it
 //! to the filesystem as it is: every request that `dispatch` or fuse-backend-rs would refuse
@@ -15,16 +15,17 @@ use std::mem::size_of;
 use std::time::Instant;
 
 use fuse_backend_rs::abi::fuse_abi::{InHeader, OutHeader, ReadIn, WriteIn, WriteOut};
-use fuse_backend_rs::api::filesystem::{FileSystem, ZeroCopyReader};
+use fuse_backend_rs::api::filesystem::ZeroCopyReader;
 use fuse_backend_rs::api::server::MAX_BUFFER_SIZE;
 use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 use fuse_backend_rs::transport::{Reader, Writer};
 use vm_memory::bitmap::BitmapSlice;
 
-use super::wire::{AsyncReply, AsyncStart, ExtraOps, ReplyHead, FUSE_READ, FUSE_WRITE};
 use super::{
     in_struct_len, inflight, reply, reply_error, request_info, write_reply, FuseServer, ServerError,
 };
+use super::{AsyncReply, AsyncStart, Servable};
+use crate::wire::{ReplyHead, FUSE_READ, FUSE_WRITE};
 
 /// fuse-backend-rs's `BUFFER_HEADER_SIZE` (private there): a request declaring more than
 /// `MAX_BUFFER_SIZE` plus this is answered ENOMEM by it.
@@ -44,7 +45,7 @@ pub enum Started {
     /// Not for the async path: serve it the blocking way.
     NotTaken,
     /// In flight: [`FuseServer::finish_async`] answers it with what
-    /// [`ExtraOps::async_next`] gives under its tag.
+    /// [`AsyncOps::async_next`](super::AsyncOps::async_next) gives under its tag.
     Sent(AsyncRequest),
     /// Answered already (an errno, or nothing to wait for): the bytes written to the guest.
     Answered(Result<usize, ServerError>),
@@ -72,7 +73,7 @@ impl<S: BitmapSlice> ZeroCopyReader for Data<'_, S> {
 
 impl<F> FuseServer<F>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     /// Start READ or WRITE `header` (decoded by the caller from the bytes `reader` starts
     /// with, as for [`FuseServer::handle_message`]) without waiting for the storage, under

@@ -22,7 +22,7 @@
 //! guest doing one O_DIRECT request at a time) is served the blocking way, as before. At depth 1 the async path saves no
 //! thread (the worker it spares would be idle anyway) and adds the completion thread's wake-up
 //! to each request: 4 KiB O_DIRECT writes at depth 1 ran at 0.86-0.91x the blocking path,
-//! reads at 0.99-1.06x, while at depth 4 to 64 it gains up to 1.5x (README "Nonblocking I/O",
+//! reads at 0.99-1.06x, while at depth 4 to 64 it gains up to 1.5x (docs/benchmarks.md, "Nonblocking I/O",
 //! `tests/bench/results/nonblocking/daemon.txt`).
 //!
 //! A completion can come before the queue thread has filed its request (libcephfs may call
@@ -38,15 +38,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
-use fuse_backend_rs::api::filesystem::FileSystem;
-use fuse_backend_rs::transport::{VirtioFsWriter, Writer};
 use tracing::warn;
 
-use super::{bounce, chain_loops, give_back, request_io, Inner, Pending, Vring, HIPRIO_QUEUE};
+use super::chain::{self, give_back};
+use super::queues::Pending;
+use super::{Inner, Vring, HIPRIO_QUEUE};
 use crate::metrics;
 use crate::server::nonblocking::{AsyncRequest, Started};
-use crate::server::wire::{AsyncReply, ExtraOps, FUSE_READ, FUSE_WRITE};
 use crate::server::FuseServer;
+use crate::server::{AsyncReply, Servable};
+use crate::wire::{FUSE_READ, FUSE_WRITE};
 
 /// How long the completion thread waits for a completion before it looks whether its backend
 /// is still there.
@@ -105,28 +106,28 @@ pub(super) fn try_start<F>(
     queue: usize,
 ) -> Option<Pending>
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
-    let header = match p.header {
-        Some(h) if queue != HIPRIO_QUEUE && (h.opcode == FUSE_READ || h.opcode == FUSE_WRITE) => h,
+    match p.request.header {
+        Some(h) if queue != HIPRIO_QUEUE && (h.opcode == FUSE_READ || h.opcode == FUSE_WRITE) => {}
         _ => return Some(p),
-    };
-    if chain_loops(&p.chain) {
-        return Some(p);
     }
     let tag = aio.next_tag.fetch_add(1, Ordering::Relaxed);
-    // The request as `serve_chain` builds it: the in-header from the private copy.
-    bounce::warm();
-    let started = (|| {
-        let composite = bounce::compose(&p.guard).ok()?;
-        let (reader, writer) = request_io(&composite, &p.guard, p.chain.clone(), &header).ok()?;
-        Some(server.start_async(header, reader, writer, queue, tag))
-    })();
-    match started {
+    // The request as `chain::serve` builds it, from the private copy.
+    chain::warm();
+    let head = p.request.head;
+    match chain::start_async(
+        server,
+        &p.guard,
+        &p.request,
+        chain::Live::Check(vring, p.generation),
+        queue,
+        tag,
+    ) {
         None | Some(Started::NotTaken) => Some(p),
         Some(Started::Answered(written)) => {
-            let used = used_len(written, queue, p.chain.head_index());
-            give_back(vring, p.chain.head_index(), used, queue);
+            let used = used_len(written, queue, head);
+            give_back(vring, head, used, queue, p.generation);
             drop(p);
             None
         }
@@ -163,7 +164,7 @@ where
 /// backend is gone.
 pub(super) fn completion_loop<F>(weak: &Weak<Inner<F>>)
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync + 'static,
+    F: Servable + 'static,
 {
     loop {
         let Some(inner) = weak.upgrade() else {
@@ -190,7 +191,7 @@ where
 /// Write the answer into the request's chain, give the chain back and let its guards go.
 fn answer<F>(server: &FuseServer<F>, op: Box<Op>, result: io::Result<AsyncReply>)
 where
-    F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
+    F: Servable,
 {
     let Op {
         pending,
@@ -198,19 +199,27 @@ where
         vring,
         queue,
     } = *op;
-    let head = pending.chain.head_index();
-    let written = match VirtioFsWriter::new(&*pending.guard, pending.chain.clone()) {
-        Ok(w) => server.finish_async(request, result, Writer::from(w)),
+    let head = pending.request.head;
+    // The reply goes to the buffers walked when the request was popped: the guest's
+    // descriptors are not read again.
+    let written = match chain::finish_async(
+        server,
+        &pending.guard,
+        &pending.request,
+        chain::Live::Check(&vring, pending.generation),
+        request,
+        result,
+    ) {
+        Ok(n) => Ok(n),
+        Err(chain::ChainError::Server(e)) => Err(e),
         Err(e) => {
-            // The same chain gave a writer when the request was taken.
-            warn!(queue, head, error = %e, "Cannot map the reply space of an async request");
+            warn!(queue, head, error = %e, "Cannot write the reply of an async request");
             metrics::global().record_malformed();
-            drop(request);
             Ok(0)
         }
     };
     let used = used_len(written, queue, head);
-    give_back(&vring, head, used, queue);
+    give_back(&vring, head, used, queue, pending.generation);
     drop(pending);
     tracing::debug!(queue, head, used, "async request answered");
 }

@@ -19,7 +19,24 @@ use virtio_queue::mock::MockSplitQueue;
 use vm_memory::{ByteValued, Bytes, GuestAddress};
 
 use super::*;
-use crate::server::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::sync::atomic::Ordering;
+use std::sync::PoisonError;
+
+use super::queues::Dispatch;
+use crate::server::mark_queue_thread;
+use crate::server::{AsyncOps, SessionOps, WireOps};
+use crate::wire::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+use vhost::vhost_user::message::{
+    VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
+    VhostUserVirtioFeatures,
+};
+use vhost_user_backend::{VhostUserBackend, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRECT_DESC};
+use vm_memory::{Address, GuestAddressSpace};
+use vmm_sys_util::epoll::EventSet;
 
 /// FUSE_SETLK (Linux `include/uapi/linux/fuse.h`).
 const FUSE_SETLK: u32 = 32;
@@ -338,7 +355,7 @@ impl crate::metrics::FsStats for TestFs {
     }
 }
 
-impl ExtraOps for TestFs {
+impl WireOps for TestFs {
     fn copy_file_range(
         &self,
         ctx: &Context,
@@ -362,7 +379,11 @@ impl ExtraOps for TestFs {
     fn syncfs(&self, _ctx: &Context, _ino: u64) -> io::Result<()> {
         Err(io::Error::from_raw_os_error(libc::EROFS))
     }
+}
 
+impl SessionOps for TestFs {}
+
+impl AsyncOps for TestFs {
     #[cfg(libcephfs_nonblocking)]
     fn async_takes(&self, opcode: u32, node: u64, fh: u64) -> bool {
         self.aio.takes(opcode, node, fh)
@@ -378,7 +399,7 @@ impl ExtraOps for TestFs {
         offset: u64,
         room: usize,
         tag: u64,
-    ) -> io::Result<crate::server::wire::AsyncStart> {
+    ) -> io::Result<crate::server::AsyncStart> {
         self.aio.read(size, offset, room, tag)
     }
 
@@ -393,7 +414,7 @@ impl ExtraOps for TestFs {
         offset: u64,
         _fuse_flags: u32,
         tag: u64,
-    ) -> io::Result<crate::server::wire::AsyncStart> {
+    ) -> io::Result<crate::server::AsyncStart> {
         self.aio.write(data, size, offset, tag)
     }
 
@@ -401,7 +422,7 @@ impl ExtraOps for TestFs {
     fn async_next(
         &self,
         timeout: Duration,
-    ) -> Option<(u64, io::Result<crate::server::wire::AsyncReply>)> {
+    ) -> Option<(u64, io::Result<crate::server::AsyncReply>)> {
         self.aio.next(timeout)
     }
 }
@@ -1231,7 +1252,6 @@ fn idle_workers_leave_and_come_back() {
 
 #[test]
 fn data_requests_always_go_to_workers() {
-    use super::Dispatch;
     for op in [15, 16, 20, 30, 43, 47, 50] {
         assert_eq!(Dispatch::of(Some(op)), Dispatch::Blocks, "opcode {op}");
     }
@@ -1488,7 +1508,7 @@ fn hostile_header_rewritten_after_the_pop_cannot_start_a_lock_wait() {
     let req = driver.next_data;
     let reply = driver.submit(&bytes, 256);
     let pending = backend
-        .pop(&vring, &mem, 1)
+        .pop(&vring, mem.memory(), 1)
         .unwrap_or_else(|| panic!("nothing popped"));
     assert_eq!(pending.opcode(), Some(FUSE_GETATTR));
     assert_eq!(Dispatch::of(pending.opcode()), Dispatch::Quick);
@@ -1586,7 +1606,7 @@ fn hostile_setlkw_reaching_a_queue_thread_is_refused() {
     fs.hold_lock();
     let reply = driver.submit(&held_lock_request(41), 64);
     let pending = backend
-        .pop(&vring, &mem, 1)
+        .pop(&vring, mem.memory(), 1)
         .unwrap_or_else(|| panic!("nothing popped"));
     std::thread::scope(|s| {
         let t = s.spawn(|| {
@@ -2072,3 +2092,54 @@ fn paused_queues_serve_after_the_last_reopen_and_never_after_the_stop() {
 
 #[cfg(libcephfs_nonblocking)]
 mod nonblocking;
+
+/// A guest reboots while a SETLKW of its previous boot waits: the frontend stops the ring
+/// (GET_VRING_BASE), starts it again over the same memory, and the new driver posts a GETATTR
+/// on the very descriptor the SETLKW used. The dead request neither reads its arguments from
+/// the new boot's memory nor, once the lock is granted, writes anything into the new ring: the
+/// new ring's used index counts only the GETATTR.
+#[test]
+fn hostile_answers_of_a_stopped_ring_never_reach_the_restarted_one() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(2, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    fs.hold_lock();
+    let waiting = driver.submit(&held_lock_request(81), 64);
+    kick(&backend, &vring, 1);
+    // The SETLKW is on a worker, waiting. The guest reboots: the ring stops...
+    vring.set_queue_ready(false);
+    // ... and its new driver sets the rings up again in the same memory, from index 0.
+    let dropped = crate::metrics::global().dropped_answers();
+    let mut reborn = Driver::new(&gm);
+    gm.write_obj(0u16, reborn.mq.avail_addr().unchecked_add(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    gm.write_obj(0u16, reborn.mq.used_addr().unchecked_add(2))
+        .unwrap_or_else(|e| panic!("{e}"));
+    vring.set_queue_next_avail(0);
+    vring.set_queue_next_used(0);
+    vring.set_queue_ready(true);
+    let getattr = reborn.submit(
+        &request(FUSE_GETATTR, 82, ROOT_ID, GetattrIn::default()),
+        256,
+    );
+    assert_eq!(reborn.used_idx(), 0);
+    kick(&backend, &vring, 1);
+    wait_used(&reborn, 1);
+    assert_eq!(reborn.used(0).0, 0, "the GETATTR took descriptor 0 again");
+    // The old lock is granted now; the dead request must not be answered.
+    fs.release_lock();
+    assert!(backend.close_and_drain(Duration::from_secs(10)));
+    assert_eq!(
+        reborn.used_idx(),
+        1,
+        "the previous boot's SETLKW was answered in the new ring"
+    );
+    let out: OutHeader = reborn.read(getattr);
+    assert_eq!((out.error, out.unique), (0, 82));
+    let _ = waiting;
+    assert_eq!(crate::metrics::global().dropped_answers(), dropped + 1);
+}

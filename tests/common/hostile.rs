@@ -14,8 +14,8 @@ pub const OUT_HDR: usize = 16;
 /// Writable bytes offered to a reply.
 pub const REPLY: u32 = 132 * 1024;
 
-/// FUSE opcode numbers: the daemon's table (`server::wire`), which the bench's frontend uses too.
-pub use ceph_virtiofsd::server::wire::opcode as op;
+/// FUSE opcode numbers: the daemon's table (`wire`), which the bench's frontend uses too.
+pub use ceph_virtiofsd::wire::opcode as op;
 
 /// What became of one chain.
 #[derive(Debug, Clone, PartialEq, Eq)]

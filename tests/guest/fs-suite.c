@@ -14,6 +14,9 @@
  *   fs-suite --write-pattern FILE SEED SIZE
  *   fs-suite --check-pattern FILE SEED SIZE
  *   fs-suite --lock-wait FILE   (F_SETLKW a whole-file write lock, then release it)
+ *   fs-suite --lock-hold FILE   (F_SETLK a whole-file write lock, then hold it until killed)
+ *   fs-suite --lock-try FILE    (F_SETLK a whole-file write lock without waiting: exit 0 if
+ *       granted (and release it), 3 if another owner holds a conflicting lock)
  *   fs-suite --direct-load FILE SEED PROCS BLOCKS  (O_DIRECT from PROCS processes at once,
  *       each writing and reading back BLOCKS 4 KiB blocks of its own, then the whole file
  *       checked byte for byte; see direct_load_mode())
@@ -2295,6 +2298,33 @@ static int lock_wait_mode(const char *file)
 	return 0;
 }
 
+/* Take a whole-file write lock without waiting (--lock-try), or take it and keep it until the
+ * process is killed (--lock-hold): for tests of whose locks survive what. */
+static int lock_try_mode(const char *file, int hold)
+{
+	struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET };
+	int fd = open(file, O_RDWR);
+
+	if (fd < 0) {
+		printf("not ok lock-try %s: open: %s\n", file, strerror(errno));
+		return 1;
+	}
+	if (fcntl(fd, F_SETLK, &fl) < 0) {
+		if (errno == EAGAIN || errno == EACCES) {
+			printf("lock-try %s: held by another owner\n", file);
+			return 3;
+		}
+		printf("not ok lock-try %s: F_SETLK: %s\n", file, strerror(errno));
+		return 1;
+	}
+	printf("ok lock-try %s: got the lock\n", file);
+	if (hold)
+		for (;;)
+			pause();
+	close(fd);
+	return 0;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: fs-suite [--only SUBSTR] [--timeout SECS] [--keep] DIR\n"
@@ -2302,6 +2332,8 @@ static void usage(void)
 			"       fs-suite --write-pattern FILE SEED SIZE\n"
 			"       fs-suite --check-pattern FILE SEED SIZE\n"
 			"       fs-suite --lock-wait FILE\n"
+			"       fs-suite --lock-hold FILE\n"
+			"       fs-suite --lock-try FILE\n"
 			"       fs-suite --direct-load FILE SEED PROCS BLOCKS\n");
 }
 
@@ -2331,6 +2363,12 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			return lock_wait_mode(argv[i + 1]);
+		} else if (strcmp(argv[i], "--lock-hold") == 0 || strcmp(argv[i], "--lock-try") == 0) {
+			if (argc - i != 2) {
+				usage();
+				return 2;
+			}
+			return lock_try_mode(argv[i + 1], argv[i][7] == 'h');
 		} else if (strcmp(argv[i], "--as-user") == 0 && i + 1 < argc) {
 			char *end;
 			unsigned long u = strtoul(argv[++i], &end, 10);

@@ -14,7 +14,7 @@ const ENTRY_INO: usize = 40;
 const ATTR_INO: usize = 16;
 
 /// The opcode numbers: the daemon's table, one for the daemon, its tests and this frontend.
-pub use ceph_virtiofsd::server::wire::opcode::*;
+pub use ceph_virtiofsd::wire::opcode::*;
 
 /// Opcodes below 50 that fuse-backend-rs 0.14's `Opcode` enum has no variant for.
 pub const UNKNOWN_BELOW_50: [u32; 3] = [0, 7, 19];

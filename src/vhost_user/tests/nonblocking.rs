@@ -10,7 +10,8 @@ use fuse_backend_rs::abi::fuse_abi::{ReadIn, WriteIn};
 use fuse_backend_rs::api::filesystem::{ZeroCopyReader, ZeroCopyWriter};
 
 use super::*;
-use crate::server::wire::{AsyncReply, AsyncStart, FUSE_READ, FUSE_WRITE};
+use crate::server::{AsyncReply, AsyncStart};
+use crate::wire::{FUSE_READ, FUSE_WRITE};
 
 /// The handle TestFs serves asynchronously (an "O_DIRECT" one); every other is unknown.
 pub(super) const ASYNC_FH: u64 = 0xa51c;

@@ -79,7 +79,7 @@ pub fn compare_stat(m: &mut Model, id: Id, what: &str, st: &libc::stat) -> Check
     }
     let ct = ts(st.st_ctime, st.st_ctime_nsec);
     // libcephfs reports ctime as the later of ctime and mtime, so an mtime set past the
-    // expected ctime shows as the ctime (README, "Known limits"; ceph-client/tests/quirks.rs).
+    // expected ctime shows as the ctime (docs/semantics.md, "Known limits"; ceph-client/tests/quirks.rs).
     let ctime_is_later_mtime = ct == mt && mt > n.ctime.latest();
     if !n.ctime.accepts(ct) && !ctime_is_later_mtime {
         div!(

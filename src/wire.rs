@@ -1,12 +1,8 @@
-//! The FUSE wire contract the server, the filesystem and the metrics share (Linux
-//! `include/uapi/linux/fuse.h`): opcode numbers and names, errno names, what a reply's first
-//! bytes say ([`ReplyHead`]), and the operations fuse-backend-rs does not dispatch
-//! ([`ExtraOps`], implemented by the filesystem). A leaf: it knows nothing of the rest of the
-//! daemon, so the layers below the server may name the wire format without knowing the server.
-
-use std::io;
-
-use fuse_backend_rs::api::filesystem::Context;
+//! The FUSE wire format the server, the filesystem, the transport and the metrics share (Linux
+//! `include/uapi/linux/fuse.h`): opcode numbers and names, errno names, the out-header, and
+//! what a reply's first bytes say ([`ReplyHead`]). A leaf: it knows nothing of the rest of the
+//! daemon, and holds no operation of any layer (those are the server's traits,
+//! `server::WireOps`, `server::SessionOps` and `server::AsyncOps`).
 
 pub use opcode::*;
 
@@ -77,118 +73,14 @@ pub const OUT_HEADER_LEN: usize = 16;
 /// [`ReplyHead::parse`] needs to see.
 pub const REPLY_HEAD_LEN: usize = OUT_HEADER_LEN + 8;
 
-/// Operations fuse-backend-rs 0.14 does not dispatch; the filesystem implements them.
-///
-/// Errors must be `io::Error::from_raw_os_error(errno)`: the errno goes to the guest unchanged.
-pub trait ExtraOps {
-    /// Copy `len` bytes from (`ino_in`, `fh_in`, `off_in`) to (`ino_out`, `fh_out`, `off_out`)
-    /// inside the filesystem; return the number of bytes copied (may be short).
-    #[allow(clippy::too_many_arguments)]
-    fn copy_file_range(
-        &self,
-        ctx: &Context,
-        ino_in: u64,
-        fh_in: u64,
-        off_in: u64,
-        ino_out: u64,
-        fh_out: u64,
-        off_out: u64,
-        len: u64,
-        flags: u64,
-    ) -> io::Result<usize>;
-
-    /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
-    fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
-
-    /// A reply carried ESHUTDOWN: the storage session behind the filesystem is gone (CephFS:
-    /// this client was evicted and blocklisted).
-    fn session_lost(&self) {}
-
-    /// Block until the session is lost; false at once for a filesystem that cannot recover
-    /// (the caller stops waiting).
-    fn wait_for_lost_session(&self) -> bool {
-        false
+/// The out-header of a reply carrying only `errno` to request `unique`.
+pub fn error_header(unique: u64, errno: i32) -> fuse_backend_rs::abi::fuse_abi::OutHeader {
+    fuse_backend_rs::abi::fuse_abi::OutHeader {
+        // 16: a constant that fits.
+        len: u32::try_from(OUT_HEADER_LEN).unwrap_or(u32::MAX),
+        error: errno.saturating_neg(),
+        unique,
     }
-
-    /// Replace the lost session; no request may be running. A line on what was brought back.
-    fn recover_session(&self) -> io::Result<String> {
-        Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP))
-    }
-
-    /// Whether a READ or WRITE (`opcode`) on handle `fh` of `node` is for
-    /// [`Self::async_read`] / [`Self::async_write`]: only a cheap look at the handle, with no
-    /// side effect; a request it turns down takes the blocking path whole.
-    #[cfg(libcephfs_nonblocking)]
-    fn async_takes(&self, _opcode: u32, _node: u64, _fh: u64) -> bool {
-        false
-    }
-
-    /// Start a READ of `size` bytes at `offset` on handle `fh` of `node` without waiting for
-    /// the storage; at most `room` bytes fit in the reply. `tag` names the operation (the
-    /// caller's number, unique among those in flight: not the guest's `unique`). Every check and side
-    /// effect of the blocking `FileSystem::read` happens here, in its order, before the read
-    /// is sent. `Err`: the errno to answer now, and nothing arrives on
-    /// [`Self::async_next`].
-    #[cfg(libcephfs_nonblocking)]
-    #[allow(clippy::too_many_arguments)]
-    fn async_read(
-        &self,
-        _ctx: &Context,
-        _node: u64,
-        _fh: u64,
-        _size: u32,
-        _offset: u64,
-        _room: usize,
-        _tag: u64,
-    ) -> io::Result<AsyncStart> {
-        Err(io::Error::from_raw_os_error(libc::ENOSYS))
-    }
-
-    /// [`Self::async_read`] for a WRITE: the data is taken from `data` where the blocking
-    /// `FileSystem::write` takes it (after the handle lookup and the privilege kill).
-    #[cfg(libcephfs_nonblocking)]
-    #[allow(clippy::too_many_arguments)]
-    fn async_write(
-        &self,
-        _ctx: &Context,
-        _node: u64,
-        _fh: u64,
-        _data: &mut dyn fuse_backend_rs::api::filesystem::ZeroCopyReader,
-        _size: u32,
-        _offset: u64,
-        _fuse_flags: u32,
-        _tag: u64,
-    ) -> io::Result<AsyncStart> {
-        Err(io::Error::from_raw_os_error(libc::ENOSYS))
-    }
-
-    /// The next finished operation started by [`Self::async_read`] or [`Self::async_write`]
-    /// (its `tag`, and what to answer), waiting at most `timeout`. Called on a thread that
-    /// may wait: whatever the filesystem still does after the storage answered runs here.
-    #[cfg(libcephfs_nonblocking)]
-    fn async_next(&self, _timeout: std::time::Duration) -> Option<(u64, io::Result<AsyncReply>)> {
-        None
-    }
-}
-
-/// What [`ExtraOps::async_read`] / [`ExtraOps::async_write`] did with a request.
-#[cfg(libcephfs_nonblocking)]
-#[derive(Debug)]
-pub enum AsyncStart {
-    /// Sent: its answer comes from [`ExtraOps::async_next`] under its `tag`.
-    Sent,
-    /// Done at once (nothing to read, or a write that had to go the blocking way): answer this.
-    Done(AsyncReply),
-}
-
-/// The answer to a READ or WRITE served by [`ExtraOps::async_read`] / [`ExtraOps::async_write`].
-#[cfg(libcephfs_nonblocking)]
-#[derive(Debug)]
-pub enum AsyncReply {
-    /// The bytes read (short at the end of the file).
-    Read(Vec<u8>),
-    /// The bytes written.
-    Written(usize),
 }
 
 /// What the reply written to the guest says, read back after the server answered.

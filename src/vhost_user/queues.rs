@@ -1,0 +1,481 @@
+//! Each queue's thread: popping chains, deciding where each request runs (inline, a worker, the
+//! async path), serving those it keeps, polling the ring before it sleeps, and the rescuer that
+//! hands what waits behind a slow inline request to the workers.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::{PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tracing::{debug, warn};
+use vhost_user_backend::VringT;
+use virtio_queue::QueueT;
+use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+
+use super::chain::{self, Request};
+use super::cost::ServeCost;
+use super::pool::WorkerPool;
+use super::session::InFlightGuard;
+use super::{
+    rescue, GuestBitmap, GuestMem, Inner, MemGuard, VhostUserFsBackend, Vring, HIPRIO_QUEUE,
+};
+use crate::metrics;
+use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
+use crate::server::{FuseServer, Servable};
+use crate::wire::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+
+/// Polling state of one queue (only its own thread takes the lock).
+#[derive(Debug)]
+pub(super) struct QueuePoll {
+    pub(super) window: AdaptivePoll,
+    /// When the last spin that ended in a sleep started.
+    pub(super) slept_at: Option<Instant>,
+}
+
+impl<F> VhostUserFsBackend<F>
+where
+    F: Servable + 'static,
+{
+    /// Pop every available chain of `vring` and dispatch it.
+    ///
+    /// With a worker pool, requests that move data or wait for the OSDs (READ, WRITE, FSYNC,
+    /// …) always go to the pool: served here, one of them would keep the queue unread for a
+    /// whole OSD round trip. SETLKW may wait for another request of the same queue to
+    /// unlock, so it gets a worker of its own, on every queue and also without a pool. Of the others, those whose kind has been
+    /// answering from libcephfs's caches are served right here, in order (see `cost`): on a
+    /// worker they would only add a hand-off before taking libcephfs's client lock. The rest
+    /// go to the pool, except the last of the batch, served right here too: a lone request (a
+    /// path walk, a create) then costs no hand-off and no wake-up, while a burst of requests
+    /// that wait for the MDS still spreads over the workers.
+    pub(super) fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+        if self.inner.logging.load(Ordering::Acquire) {
+            return self.drain_queue_locked(vring, mem, queue);
+        }
+        let mut last: Option<Pending> = None;
+        loop {
+            if self.inner.closed.load(Ordering::Acquire) {
+                break;
+            }
+            // The memory map as it is now, for each request: a frontend adding memory while
+            // the guest runs changes it between two requests.
+            let Some(pending) = self.pop(vring, mem.memory(), queue) else {
+                break;
+            };
+            // Sending may wait (caps from the MDS, a privilege kill, the size under the caps):
+            // watched as a request served inline, so the rescuer hands what queues behind it
+            // to the workers. A request alone (none other in flight, none behind it in the
+            // ring) goes the blocking way (see `nonblocking`: at depth 1 the async path does
+            // not pay).
+            #[cfg(libcephfs_nonblocking)]
+            let Some(pending) = (match &self.inner.aio {
+                Some(aio) if self.inner.in_flight.others() || more_avail(vring, mem) => {
+                    let _inline = self.inner.watch.enter(queue);
+                    super::nonblocking::try_start(aio, &self.inner.server, pending, vring, queue)
+                }
+                _ => Some(pending),
+            }) else {
+                continue;
+            };
+            let dispatch = Dispatch::of(pending.opcode());
+            if dispatch == Dispatch::Waits {
+                // Whatever the queue and the pool size: a lock wait on this thread would stall
+                // the queue that carries the unlock.
+                if let Some(pool) = self.inner.pool.as_ref().or(self.inner.waits_pool.as_ref()) {
+                    self.submit(pool, vring, pending, queue, true);
+                    continue;
+                }
+            }
+            match &self.inner.pool {
+                Some(pool) if queue != HIPRIO_QUEUE => match dispatch {
+                    Dispatch::Waits | Dispatch::Blocks => {
+                        self.submit(pool, vring, pending, queue, false)
+                    }
+                    Dispatch::Quick if self.inner.cost.cheap(pending.opcode()) => {
+                        // What waited for the batch's end goes first: it will take longer.
+                        if let Some(prev) = last.take() {
+                            self.submit(pool, vring, prev, queue, false);
+                        }
+                        self.serve(pending, vring, queue);
+                    }
+                    Dispatch::Quick => {
+                        if let Some(prev) = last.replace(pending) {
+                            self.submit(pool, vring, prev, queue, false);
+                        }
+                    }
+                },
+                // No choice to make, so nothing to time.
+                _ => pending.serve(&self.inner.server, vring, queue, None),
+            }
+        }
+        if let Some(p) = last {
+            self.serve(p, vring, queue);
+        }
+    }
+
+    /// [`Self::drain_queue`] during a migration: each request is served from pop to used with
+    /// the vring locked, on this thread. QEMU stops the rings (GET_VRING_BASE, which takes the
+    /// same lock) before it sends the last dirty pages and then the device state: a request
+    /// answered after that would reach neither the guest's memory on the destination nor its
+    /// used index, and the guest would wait for it forever. Holding the lock makes the stop wait
+    /// for the request in hand (the guest is paused by then, so no more come). SETLKW, which may
+    /// wait for the guest's own unlock, still goes to a worker.
+    pub(super) fn drain_queue_locked(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+        let guard = mem.memory();
+        loop {
+            if self.inner.closed.load(Ordering::Acquire) {
+                break;
+            }
+            let mut state = vring.get_mut();
+            let Some((request, generation)) = pop_request(vring, &mut state, &guard) else {
+                break;
+            };
+            let pending = Pending {
+                in_flight: self.inner.in_flight.enter(),
+                depth: metrics::global().queue_enter(queue),
+                generation,
+                request,
+                guard: guard.clone(),
+            };
+            if pending.opcode() == Some(FUSE_SETLKW) {
+                drop(state);
+                if let Some(pool) = self.inner.pool.as_ref().or(self.inner.waits_pool.as_ref()) {
+                    self.submit(pool, vring, pending, queue, true);
+                } else {
+                    pending.serve(&self.inner.server, vring, queue, None);
+                }
+                continue;
+            }
+            chain::warm();
+            chain::complete_locked(
+                &self.inner.server,
+                &mut state,
+                &pending.guard,
+                &pending.request,
+                queue,
+            );
+        }
+    }
+
+    /// Pop the next available chain and read its descriptors and in-header (`chain::walk`).
+    pub(super) fn pop(&self, vring: &Vring, guard: MemGuard, queue: usize) -> Option<Pending> {
+        let (request, generation) = {
+            let mut state = vring.get_mut();
+            let (head, generation, table, size) = {
+                let generation = vring.running()?;
+                let q = state.get_queue_mut();
+                let head = q.pop_descriptor_chain(&*guard)?.head_index();
+                (head, generation, GuestAddress(q.desc_table()), q.size())
+            };
+            drop(state);
+            (chain::walk(&guard, table, size, head), generation)
+        };
+        Some(Pending {
+            in_flight: self.inner.in_flight.enter(),
+            depth: metrics::global().queue_enter(queue),
+            generation,
+            request,
+            guard,
+        })
+    }
+
+    /// Serve a `Dispatch::Quick` request here, timing it for `cost`; should it be slow, the
+    /// rescuer hands the requests behind it to workers.
+    pub(super) fn serve(&self, p: Pending, vring: &Vring, queue: usize) {
+        let _inline = self.inner.watch.enter(queue);
+        p.serve(&self.inner.server, vring, queue, Some(&self.inner.cost));
+    }
+
+    /// The queue thread of `queue` is held by a slow request: hand what waits in its ring to
+    /// the workers (see `rescue`). Nothing during a migration's logging, when requests are
+    /// served with their vring held, nor while the queues are closed.
+    pub(super) fn rescue(&self, queue: usize) {
+        let Some(pool) = &self.inner.pool else {
+            return;
+        };
+        if self.inner.logging.load(Ordering::Acquire) {
+            return;
+        }
+        let vring = self
+            .inner
+            .vrings
+            .get(queue)
+            .and_then(|v| v.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        let mem = self
+            .inner
+            .mem
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let (Some(vring), Some(mem)) = (vring, mem) else {
+            return;
+        };
+        let mut n = 0u32;
+        while !self.inner.closed.load(Ordering::Acquire) {
+            let Some(p) = self.pop(&vring, mem.memory(), queue) else {
+                break;
+            };
+            let waits = Dispatch::of(p.opcode()) == Dispatch::Waits;
+            self.submit(pool, &vring, p, queue, waits);
+            n += 1;
+        }
+        if n > 0 {
+            debug!(
+                queue,
+                requests = n,
+                "The queue thread is held by a slow request: the requests behind it went to workers"
+            );
+        }
+    }
+
+    pub(super) fn submit(
+        &self,
+        pool: &WorkerPool,
+        vring: &Vring,
+        p: Pending,
+        queue: usize,
+        waits: bool,
+    ) {
+        let server = self.inner.server.clone();
+        // Only Quick kinds consult their cost; the others go to a worker whatever it is.
+        let cost = (Dispatch::of(p.opcode()) == Dispatch::Quick).then(|| self.inner.cost.clone());
+        let vring = vring.clone();
+        pool.submit(
+            Box::new(move || p.serve(&server, &vring, queue, cost.as_deref())),
+            waits,
+        );
+    }
+
+    pub(super) fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<()> {
+        let mem = self
+            .inner
+            .mem
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(mem) = mem else {
+            warn!(
+                queue,
+                "Queue kicked before the frontend sent a memory table; ignoring"
+            );
+            return Ok(());
+        };
+        // Guest notifications stay off while we drain (NO_NOTIFY, or a stale avail_event
+        // under EVENT_IDX) and while we poll; re-enabling them re-checks the ring, so a request
+        // made just before is never left without a kick.
+        let Some(state) = self.inner.polls.get(queue) else {
+            return Ok(());
+        };
+        let mut state = state.lock().unwrap_or_else(PoisonError::into_inner);
+        // The wait that just ended: it tells whether spinning would have caught this kick.
+        if let Some(at) = state.slept_at.take() {
+            state.window.slept(at.elapsed());
+        }
+        loop {
+            vring.disable_notification().map_err(queue_error)?;
+            self.drain_queue(vring, &mem, queue);
+            if self.inner.closed.load(Ordering::Acquire) {
+                // Closed (a stop, or a handover under way): what is left stays in the ring
+                // with notifications off; `reopen` drains it if serving goes on.
+                return Ok(());
+            }
+            let spin_start = Instant::now();
+            let window = state.window.window();
+            if !window.is_zero() && self.poll_avail(vring, &mem, window) {
+                continue;
+            }
+            if !vring.enable_notification().map_err(queue_error)? {
+                state.slept_at = Some(spin_start);
+                return Ok(());
+            }
+            // A request came just after the spin gave up: a slightly longer one would have
+            // caught it.
+            state.window.slept(spin_start.elapsed());
+        }
+    }
+
+    /// The current polling window of `queue`.
+    #[cfg(test)]
+    pub(super) fn poll_window(&self, queue: usize) -> Duration {
+        self.inner.polls.get(queue).map_or(Duration::ZERO, |p| {
+            p.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .window
+                .window()
+        })
+    }
+
+    /// Start `queue`'s polling window at `window`, as after a run of short waits.
+    #[cfg(test)]
+    pub(super) fn set_poll_window(&self, queue: usize, window: Duration) {
+        if let Some(p) = self.inner.polls.get(queue) {
+            let mut p = p.lock().unwrap_or_else(PoisonError::into_inner);
+            p.window = p.window.with_window(window);
+        }
+    }
+
+    /// Spin for at most `window`, watching the avail ring for a request we have not popped.
+    ///
+    /// A guest that sends its next request within the window is served without a kick and
+    /// without waking this thread from epoll: on a busy queue that saves two cross-CPU wake-ups
+    /// per request (the guest's kick and our wake-up). Reads the avail index lock-free, so
+    /// workers returning chains are not held up, and yields the CPU between rounds of reads.
+    pub(super) fn poll_avail(&self, vring: &Vring, mem: &GuestMem, window: Duration) -> bool {
+        let (ring, next) = {
+            let state = vring.get_ref();
+            let q = state.get_queue();
+            (q.avail_ring(), q.next_avail())
+        };
+        let Some(idx_at) = GuestAddress(ring).checked_add(2) else {
+            return false;
+        };
+        let guard = mem.memory();
+        spin_until(window, LOOKS_PER_YIELD, || {
+            if self.inner.closed.load(Ordering::Relaxed) {
+                return Look::GiveUp;
+            }
+            match guard.load::<u16>(idx_at, Ordering::Acquire) {
+                Ok(idx) if u16::from_le(idx) != next => Look::Ready,
+                Ok(_) => Look::NotYet,
+                Err(_) => Look::GiveUp,
+            }
+        })
+    }
+}
+
+/// Whether the guest has made requests that are not popped yet (read lock-free, as
+/// `poll_avail` does).
+#[cfg(libcephfs_nonblocking)]
+pub(super) fn more_avail(vring: &Vring, mem: &GuestMem) -> bool {
+    let (ring, next) = {
+        let state = vring.get_ref();
+        let q = state.get_queue();
+        (q.avail_ring(), q.next_avail())
+    };
+    let Some(idx_at) = GuestAddress(ring).checked_add(2) else {
+        return false;
+    };
+    mem.memory()
+        .load::<u16>(idx_at, Ordering::Acquire)
+        .is_ok_and(|idx| u16::from_le(idx) != next)
+}
+
+/// The rescuer thread (see `rescue`): while requests are served inline, look every
+/// `rescue::TICK` for a queue whose inline request has run past `rescue::LIMIT`; sleep while
+/// none is. Ends once its backend is gone.
+pub(super) fn rescue_loop<F>(weak: &Weak<Inner<F>>)
+where
+    F: Servable + 'static,
+{
+    let mut seen = 0;
+    loop {
+        let Some(inner) = weak.upgrade() else {
+            return;
+        };
+        let backend = VhostUserFsBackend { inner };
+        let begun = backend.inner.watch.begun();
+        if begun == seen && backend.inner.watch.go_idle(begun) {
+            drop(backend);
+            std::thread::park_timeout(rescue::IDLE_CHECK);
+            continue;
+        }
+        seen = begun;
+        for queue in backend.inner.watch.overdue(rescue::LIMIT) {
+            backend.rescue(queue);
+        }
+        drop(backend);
+        std::thread::sleep(rescue::TICK);
+    }
+}
+
+/// Where a request is served when there is a worker pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Dispatch {
+    /// Often answered from libcephfs's caches: served inline when its kind has been cheap
+    /// lately, or when it is the last of a batch.
+    Quick,
+    /// Moves data or waits for the OSDs: always a worker.
+    Blocks,
+    /// May wait for another request (a lock held by the same guest): a worker of its own.
+    Waits,
+}
+
+impl Dispatch {
+    pub(super) fn of(opcode: Option<u32>) -> Self {
+        use crate::wire::{FUSE_FALLOCATE, FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_READ, FUSE_WRITE};
+        match opcode {
+            Some(FUSE_SETLKW) => Dispatch::Waits,
+            Some(
+                FUSE_READ | FUSE_WRITE | FUSE_FSYNC | FUSE_FSYNCDIR | FUSE_FALLOCATE
+                | FUSE_COPY_FILE_RANGE | FUSE_SYNCFS,
+            ) => Dispatch::Blocks,
+            _ => Dispatch::Quick,
+        }
+    }
+}
+
+/// A popped chain and what accounts for it until it is answered.
+pub(super) struct Pending {
+    in_flight: InFlightGuard,
+    depth: metrics::QueueDepthGuard,
+    /// The generation of its ring it was taken in (`ring`): it touches guest memory and is
+    /// answered only while that generation runs.
+    pub(super) generation: u64,
+    /// The chain's descriptors and in-header, read once when it was popped: where the request
+    /// runs and what the server does with it are both decided from this copy.
+    pub(super) request: Request,
+    pub(super) guard: MemGuard,
+}
+
+impl Pending {
+    pub(super) fn opcode(&self) -> Option<u32> {
+        self.request.opcode()
+    }
+
+    /// Serve the request and give it back; with `cost`, account how long that took.
+    pub(super) fn serve<F>(
+        self,
+        server: &FuseServer<F>,
+        vring: &Vring,
+        queue: usize,
+        cost: Option<&ServeCost>,
+    ) where
+        F: Servable,
+    {
+        chain::warm();
+        let start = Instant::now();
+        let took = chain::complete(
+            server,
+            vring,
+            &self.guard,
+            &self.request,
+            self.generation,
+            queue,
+            start,
+        );
+        if let Some(cost) = cost {
+            cost.record(self.opcode(), took.unwrap_or_else(|| start.elapsed()));
+        }
+        drop(self.depth);
+        drop(self.in_flight);
+    }
+}
+
+/// Pop the next available chain of `vring` (whose state `state` the caller holds locked) and
+/// walk it (`chain::walk`): the request and the generation of the ring it came from.
+pub(super) fn pop_request(
+    vring: &Vring,
+    state: &mut vhost_user_backend::VringState<GuestMem>,
+    mem: &MemGuard,
+) -> Option<(Request, u64)> {
+    let mem: &GuestMemoryMmap<GuestBitmap> = mem;
+    // Stable while the ring's lock is held (`ring`): a stopping ring gives nothing more.
+    let generation = vring.running()?;
+    let queue = state.get_queue_mut();
+    let head = queue.pop_descriptor_chain(mem)?.head_index();
+    let (table, size) = (GuestAddress(queue.desc_table()), queue.size());
+    Some((chain::walk(mem, table, size, head), generation))
+}
+
+pub(super) fn queue_error(e: virtio_queue::Error) -> io::Error {
+    io::Error::other(format!("virtqueue access failed: {e}"))
+}
