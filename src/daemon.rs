@@ -881,6 +881,70 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// The queue threads' exit events of one connection stay with the daemon: vhost-user-backend
+    /// never closes what it is given, and a new pair per connection leaked two descriptors per
+    /// reconnect until the daemon could not accept a frontend. Each frontend here is served
+    /// (a new connection's threads start and the previous ones exit: `connect` would hang
+    /// otherwise), and 200 reconnects add no eventfd.
+    #[test]
+    fn hostile_keep_serving_reconnects_leave_no_descriptors() {
+        use crate::vhost_user::tests::TestFs;
+        let dir = std::env::temp_dir().join(format!("cvfs-fds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+        let socket = dir.join("vm.sock");
+        let listener = Listener::new(&socket, true).unwrap_or_else(|e| panic!("{e}"));
+        let options = BackendOptions {
+            tag: None,
+            request_queues: 1,
+            thread_pool_size: 1,
+            poll: std::time::Duration::ZERO,
+            nonblocking: false,
+        };
+        let backend = VhostUserFsBackend::new(Arc::new(TestFs::default()), &options)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let state = Arc::new(Connections::default());
+        let seen = state.clone();
+        std::thread::spawn(move || connection_loop(listener, &backend, true, &*state));
+        let connect = || {
+            use vhost::vhost_user::Frontend;
+            use vhost::VhostBackend;
+            let frontend = Frontend::connect(&socket, 2).unwrap_or_else(|e| panic!("{e}"));
+            frontend.set_owner().unwrap_or_else(|e| panic!("{e}"));
+            frontend.get_features().unwrap_or_else(|e| panic!("{e}"));
+            frontend
+        };
+        // Other tests of this process open eventfds too: count ours by the growth over many
+        // reconnects (the leak was 400 here), with room for what runs beside.
+        let eventfds = || {
+            std::fs::read_dir("/proc/self/fd")
+                .map(|d| {
+                    d.filter_map(Result::ok)
+                        .filter(|e| {
+                            std::fs::read_link(e.path())
+                                .is_ok_and(|l| l.to_string_lossy().contains("eventfd"))
+                        })
+                        .count()
+                })
+                .unwrap_or(0)
+        };
+        drop(connect());
+        let before = eventfds();
+        for _ in 0..200 {
+            drop(connect());
+        }
+        // The last hang-up has ended its session once the next frontend is accepted.
+        let last = connect();
+        let after = eventfds();
+        assert!(seen.0.load(Ordering::SeqCst) >= 201);
+        assert!(
+            after <= before + 40,
+            "200 reconnects left {} more eventfds open ({before} before, {after} after)",
+            after.saturating_sub(before)
+        );
+        drop(last);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn fd_must_be_a_socket() {
         let file = File::open("/dev/null").unwrap_or_else(|e| panic!("{e}"));

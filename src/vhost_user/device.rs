@@ -4,6 +4,7 @@
 
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::atomic::Ordering;
 use std::sync::PoisonError;
 
@@ -134,14 +135,51 @@ where
         (0..self.num_queues()).map(|i| 1u64 << i).collect()
     }
 
+    /// vhost-user-backend 0.22 registers the consumer with its thread's epoll through
+    /// `into_raw_fd()` and never closes it: a new eventfd for each connection left one
+    /// descriptor per queue thread open for good, and a frontend reconnecting to a
+    /// `--keep-serving` daemon some 10,000 times exhausted its descriptors (found by the
+    /// device-state fuzzer). So each thread index gets one exit event for the daemon's life,
+    /// emptied before it is given to the next connection's handler (whose epoll is new; the
+    /// previous connection's threads were joined before it is made).
     fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
-            Ok(pair) => Some(pair),
-            Err(e) => {
-                error!(thread_index, error = %e, "Cannot create a queue thread exit event");
-                None
+        let mut events = self
+            .inner
+            .exit_events
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if events.len() <= thread_index {
+            events.resize_with(thread_index + 1, || None);
+        }
+        let slot = events.get_mut(thread_index)?;
+        if slot.is_none() {
+            match new_event_consumer_and_notifier(EventFlag::NONBLOCK) {
+                Ok(pair) => *slot = Some(pair),
+                Err(e) => {
+                    error!(thread_index, error = %e, "Cannot create a queue thread exit event");
+                    return None;
+                }
             }
         }
+        let (consumer, notifier) = slot.as_ref()?;
+        // The previous connection's exit: a non-blocking read empties the counter (EAGAIN once
+        // it is 0), so the new thread does not exit at once.
+        let _ = consumer.consume();
+        let notifier = match notifier.try_clone() {
+            Ok(n) => n,
+            Err(e) => {
+                error!(thread_index, error = %e, "Cannot duplicate a queue thread exit event");
+                return None;
+            }
+        };
+        // SAFETY: the new consumer aliases the descriptor `exit_events` owns for the daemon's
+        // whole life. VringEpollHandler::new (vhost-user-backend 0.22, pinned in Cargo.lock)
+        // turns it into a raw fd at once, adds that to its epoll and never closes it, so the
+        // descriptor is closed exactly once, by `exit_events`. A handler that closed it would
+        // make the next connection's epoll registration fail:
+        // `hostile_keep_serving_reconnects_leave_no_descriptors` reconnects 200 times.
+        let alias = unsafe { EventConsumer::from_raw_fd(consumer.as_raw_fd()) };
+        Some((alias, notifier))
     }
 
     fn handle_event(

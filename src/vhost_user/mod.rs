@@ -39,6 +39,7 @@ use std::time::Duration;
 use fuse_backend_rs::api::filesystem::FileSystem;
 use tracing::warn;
 use vm_memory::{GuestMemoryAtomic, GuestMemoryLoadGuard, GuestMemoryMmap};
+use vmm_sys_util::event::{EventConsumer, EventNotifier};
 
 use crate::migration::{DeviceState, MigrationError};
 use crate::poll::AdaptivePoll;
@@ -147,6 +148,9 @@ struct Inner<F: FileSystem + Send + Sync> {
     /// Each queue's vring as its first kick of this connection brought it: what `resume`
     /// drains after a pause (requests that came meanwhile may have had their kick already).
     vrings: Vec<Mutex<Option<Vring>>>,
+    /// Each queue thread's exit event, made once per thread index and given to the handler of
+    /// every connection (see `exit_event`).
+    exit_events: Mutex<Vec<Option<(EventConsumer, EventNotifier)>>>,
     /// The async READ/WRITE path (`nonblocking`), when on.
     #[cfg(libcephfs_nonblocking)]
     aio: Option<nonblocking::Async>,
@@ -219,6 +223,7 @@ where
                 transfer: Mutex::new(None),
                 logging: AtomicBool::new(false),
                 vrings: (0..=usize::from(q)).map(|_| Mutex::new(None)).collect(),
+                exit_events: Mutex::new(Vec::new()),
                 #[cfg(libcephfs_nonblocking)]
                 aio: options.nonblocking.then(nonblocking::Async::default),
             }),
