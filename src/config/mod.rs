@@ -20,7 +20,7 @@ pub use crate::logging::{LogConfig, LogLevel};
 use crate::sandbox::{SandboxConfig, SandboxError, SeccompMode};
 use crate::vhost_user::{MAX_REQUEST_QUEUES, MAX_TAG_LEN};
 
-use compat::{ignored_option_warnings, parse_legacy};
+use compat::{ignored_option_warnings, parse_legacy, Legacy};
 pub use file::{
     FileCeph, FileConfig, FileFuse, FileLog, FileMetrics, FileQuarantine, FileSandbox,
     FileVhostUser,
@@ -489,7 +489,8 @@ impl TryFrom<Args> for Config {
 }
 
 impl Config {
-    /// Merge command-line values over file values over defaults, and validate the result.
+    /// Merge command-line values over file values over defaults, and validate the result:
+    /// one function per section of the file, in the order errors are reported.
     pub fn merge(args: Args, file: FileConfig) -> Result<Self, ConfigError> {
         if args.shared_dir.is_some() {
             return Err(ConfigError::SharedDir);
@@ -501,286 +502,35 @@ impl Config {
         ignored_option_warnings(&args, &mut warnings);
         let legacy = parse_legacy(&args.legacy_opts, &mut warnings)?;
         let quarantine = quarantine_config(&args, &file.quarantine)?;
-
-        let listen = match (args.socket_path, args.fd) {
-            (Some(_), Some(_)) => return Err(ConfigError::SocketAndFd),
-            (Some(path), None) => Listen::SocketPath(path),
-            (None, Some(fd)) if fd < 3 => return Err(ConfigError::BadFd(fd)),
-            (None, Some(fd)) => Listen::Fd(fd),
-            (None, None) => match file.vhost_user.socket_path {
-                Some(path) => Listen::SocketPath(path),
-                None => return Err(ConfigError::NoSocket),
-            },
-        };
-
-        let tag = args
-            .tag
-            .or(file.vhost_user.tag)
-            .map(validate_tag)
-            .transpose()?;
-
-        let queues = args.queues.or(file.vhost_user.queues).unwrap_or(1);
-        if queues == 0 || queues > MAX_REQUEST_QUEUES {
-            return Err(ConfigError::BadQueues(queues));
-        }
-
-        let poll_us = args
-            .poll_us
-            .or(file.vhost_user.poll_us)
-            .unwrap_or(DEFAULT_POLL_US);
-        if poll_us > MAX_POLL_US {
-            return Err(ConfigError::BadPoll(poll_us));
-        }
-
-        let nonblocking_io = match args
-            .nonblocking_io
-            .or(file.vhost_user.nonblocking_io)
-            .unwrap_or(crate::args::NonblockingIo::Auto)
-        {
-            crate::args::NonblockingIo::Auto => NONBLOCKING_BUILT,
-            crate::args::NonblockingIo::On if NONBLOCKING_BUILT => true,
-            crate::args::NonblockingIo::On => return Err(ConfigError::NonblockingUnsupported),
-            crate::args::NonblockingIo::Off => false,
-        };
-
-        let thread_pool_size = args
-            .thread_pool_size
-            .or(legacy.thread_pool_size)
-            .or(file.vhost_user.thread_pool_size)
-            .unwrap_or(DEFAULT_THREAD_POOL_SIZE);
-
-        let cli_xattr = if args.no_xattr {
-            Some(false)
-        } else if args.xattr {
-            Some(true)
-        } else {
-            legacy.xattr
-        };
-        let xattr = cli_xattr.or(file.fuse.xattr).unwrap_or(true);
-        let cache = args
-            .cache
-            .or(legacy.cache)
-            .or(file.fuse.cache)
-            .unwrap_or(cli::CacheMode::Auto)
-            .into();
-
-        let limit = |cli: Option<usize>, file: Option<usize>, name, default| match cli
-            .or(file)
-            .unwrap_or(default)
-        {
-            0 => Err(ConfigError::BadLimit(name, default)),
-            n => Ok(n),
-        };
-        let guest = GuestLimits {
-            max_nodes: limit(
-                args.max_nodes,
-                file.fuse.max_nodes,
-                "--max-nodes",
-                crate::fs::limits::DEFAULT_MAX_NODES,
-            )?,
-            max_handles: limit(
-                args.max_handles,
-                file.fuse.max_handles,
-                "--max-handles",
-                crate::fs::limits::DEFAULT_MAX_HANDLES,
-            )?,
-            held_inodes: limit(
-                args.held_inodes,
-                file.fuse.held_inodes,
-                "--held-inodes",
-                crate::fs::limits::DEFAULT_HELD_INODES,
-            )?,
-            snapshots: args
-                .snapshots
-                .or(file.fuse.snapshots)
-                .unwrap_or(cli::Snapshots::ReadOnly)
-                .into(),
-            allow_device_nodes: args.allow_device_nodes
-                || file.fuse.allow_device_nodes.unwrap_or(false),
-        };
-
-        let cli_level = args
-            .log_level
-            .or(args.debug.then_some(cli::LogLevel::Debug));
-        let log = LogConfig {
-            level: cli_level
-                .or(file.log.level)
-                .unwrap_or(cli::LogLevel::Info)
-                .into(),
-            syslog: args.syslog || file.log.syslog.unwrap_or(false),
-            slow_request: args
-                .slow_request_secs
-                .or(file.log.slow_request_secs)
-                .map_or(DEFAULT_SLOW_REQUEST, Duration::from_secs),
-        };
-
-        // No implicit identity or root: client.admin and "/" serve only when named.
-        let client_id = args.cluster.client_id.or(file.ceph.client_id);
-        let root = args.ceph_root.or(file.ceph.root);
-        let (client_id, root) = match (client_id, root) {
-            (Some(id), Some(root)) => (id, root),
-            (None, None) => {
-                return Err(ConfigError::NoCephIdentity(
-                    "No Ceph client id and no export root",
-                    "--client-id ID --ceph-root PATH",
-                    "client-id and root",
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(ConfigError::NoCephIdentity(
-                    "No Ceph client id",
-                    "--client-id ID",
-                    "client-id",
-                ))
-            }
-            (Some(_), None) => {
-                return Err(ConfigError::NoCephIdentity(
-                    "No export root",
-                    "--ceph-root PATH (e.g. the output of `ceph fs subvolume getpath`)",
-                    "root",
-                ))
-            }
-        };
-        // Canonical ("/a/b"): libcephfs refuses "//" and "/./" in a mount path, and the
-        // quarantine decides the export's domain on the path's components.
-        let root = crate::quarantine::normalize(&root).ok_or(ConfigError::BadCephRoot(root))?;
-
-        // File options first (sorted by key), then command-line options replacing same keys.
-        let mut options: Vec<(String, String)> = file.ceph.options.into_iter().collect();
-        for opt in &args.ceph_opt {
-            let (key, value) = parse_ceph_opt(opt)?;
-            if is_secret_option(&key) {
-                warnings.push(format!(
-                    "--ceph-opt {key}=... puts a secret on the command line, where local users \
-                     can read it (ps, /proc): use a keyring file (--keyring) instead"
-                ));
-            }
-            options.retain(|(k, _)| *k != key);
-            options.push((key, value));
-        }
-
-        let memory = memory_options(
-            args.object_cache_mib
-                .or(file.ceph.object_cache_mib)
-                .unwrap_or(DEFAULT_OBJECT_CACHE_MIB),
-            args.inode_cache
-                .or(file.ceph.inode_cache)
-                .unwrap_or(DEFAULT_INODE_CACHE),
-        )?;
-        // Before the explicit options: a [ceph.options] or --ceph-opt of the same key wins.
-        let explicit = std::mem::take(&mut options);
-        options = memory;
-        options.retain(|(k, _)| !explicit.iter().any(|(e, _)| e == k));
-        options.extend(explicit);
-
-        let secs = args
-            .mount_timeout
-            .or(file.ceph.mount_timeout)
-            .map(Duration::from_secs)
-            .unwrap_or(DEFAULT_MOUNT_TIMEOUT);
-        if secs.is_zero() {
-            return Err(ConfigError::BadMountTimeout);
-        }
-        let instance_id = args
-            .instance_id
-            .or(file.ceph.instance_id)
-            .map(|id| check_name(id, ConfigError::BadInstanceId))
-            .transpose()?;
-
-        let user = args.user.or(file.sandbox.user);
-        let group = args.group.or(file.sandbox.group);
-        let account = match (user, group) {
-            (Some(u), g) => Some(
-                crate::sandbox::resolve_account(&u, g.as_deref()).map_err(ConfigError::Account)?,
-            ),
-            (None, Some(_)) => return Err(ConfigError::Account(SandboxError::GroupWithoutUser)),
-            // Started as root (libvirt, Kata): the package's user, if it exists.
-            (None, None) => crate::sandbox::package_account().map_err(ConfigError::Account)?,
-        };
-        let socket_group = args
-            .socket_group
-            .or(file.vhost_user.socket_group)
-            .map(|g| crate::sandbox::resolve_group(&g).map_err(ConfigError::SocketGroup))
-            .transpose()?;
-        if socket_group.is_some() && matches!(listen, Listen::Fd(_)) {
-            warnings.push(
-                "Ignoring --socket-group: the socket was inherited (--fd), its creator sets its \
-                 group"
-                    .to_owned(),
-            );
-        }
-        let name = args
-            .name
-            .or(file.ceph.name)
-            .map(|n| check_name(n, ConfigError::BadName))
-            .transpose()?;
-        let sandbox = SandboxConfig {
-            user: account,
-            seccomp: args
-                .seccomp
-                .or(file.sandbox.seccomp)
-                .unwrap_or(cli::SeccompMode::Kill)
-                .into(),
-        };
-        // Command-line rules replace the file's rules of the same kind (uid or gid).
-        let pick = |cli: Vec<String>, file: Vec<String>| if cli.is_empty() { file } else { cli };
-        let parse_rules = |rules: Vec<String>| {
-            rules
-                .iter()
-                .map(|r| r.parse::<Rule>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(ConfigError::IdMap)
-        };
-        let uid_rules = parse_rules(pick(args.translate_uid, file.sandbox.translate_uid))?;
-        let gid_rules = parse_rules(pick(args.translate_gid, file.sandbox.translate_gid))?;
-        let idmap = IdMapping::new(&uid_rules, &gid_rules).map_err(ConfigError::IdMap)?;
+        let transport = transport_config(&args, &legacy, file.vhost_user, &mut warnings)?;
+        let fuse = fuse_config(&args, &legacy, file.fuse)?;
+        let log = log_config(&args, file.log);
+        let mut ceph = ceph_config(&args, file.ceph, &mut warnings)?;
+        let (sandbox, idmap) = sandbox_config(&args, file.sandbox)?;
         let metrics = metrics_config(
             (args.metrics_addr, args.metrics_socket),
             file.metrics,
-            &listen,
-            &mut options,
+            &transport.listen,
+            &mut ceph.access.options,
             &mut warnings,
         )?;
-
         Ok(Config {
-            listen,
-            tag,
-            thread_pool_size,
-            queues,
-            poll_us,
-            nonblocking_io,
-            keep_serving: args.keep_serving || file.vhost_user.keep_serving.unwrap_or(false),
-            handover: args.handover.or(file.vhost_user.handover),
-            migration_on_error: match args
-                .migration_on_error
-                .or(file.vhost_user.migration_on_error)
-            {
-                Some(crate::args::MigrationOnError::Abort) => crate::migration::OnError::Abort,
-                Some(crate::args::MigrationOnError::GuestError) | None => {
-                    crate::migration::OnError::GuestError
-                }
-            },
-            cache,
-            xattr,
-            readonly: args.readonly || file.fuse.readonly.unwrap_or(false),
-            socket_group,
-            guest,
+            listen: transport.listen,
+            tag: transport.tag,
+            thread_pool_size: transport.thread_pool_size,
+            queues: transport.queues,
+            poll_us: transport.poll_us,
+            nonblocking_io: transport.nonblocking_io,
+            keep_serving: transport.keep_serving,
+            handover: transport.handover,
+            migration_on_error: transport.migration_on_error,
+            socket_group: transport.socket_group,
+            cache: fuse.cache,
+            xattr: fuse.xattr,
+            readonly: fuse.readonly,
+            guest: fuse.guest,
             log,
-            ceph: CephConfig {
-                access: CephAccess {
-                    conf: args.cluster.ceph_conf.or(file.ceph.conf),
-                    client_id: Some(client_id),
-                    keyring: args.cluster.keyring.or(file.ceph.keyring),
-                    fs_name: args.cluster.fs_name.or(file.ceph.fs_name),
-                    options,
-                    mount_timeout: secs,
-                    // Set by the daemon on the export's and the watcher's own copies only.
-                    session_uuid: None,
-                    name,
-                },
-                root,
-                instance_id,
-            },
+            ceph,
             sandbox,
             idmap,
             warnings,
@@ -788,6 +538,330 @@ impl Config {
             quarantine,
         })
     }
+}
+
+/// `[vhost-user]`: how the frontend reaches the daemon and how its queues are served.
+struct TransportConfig {
+    listen: Listen,
+    tag: Option<String>,
+    queues: u16,
+    poll_us: u64,
+    nonblocking_io: bool,
+    thread_pool_size: usize,
+    keep_serving: bool,
+    handover: Option<PathBuf>,
+    migration_on_error: crate::migration::OnError,
+    socket_group: Option<u32>,
+}
+
+fn transport_config(
+    args: &Args,
+    legacy: &Legacy,
+    file: FileVhostUser,
+    warnings: &mut Vec<String>,
+) -> Result<TransportConfig, ConfigError> {
+    let listen = match (args.socket_path.clone(), args.fd) {
+        (Some(_), Some(_)) => return Err(ConfigError::SocketAndFd),
+        (Some(path), None) => Listen::SocketPath(path),
+        (None, Some(fd)) if fd < 3 => return Err(ConfigError::BadFd(fd)),
+        (None, Some(fd)) => Listen::Fd(fd),
+        (None, None) => Listen::SocketPath(file.socket_path.ok_or(ConfigError::NoSocket)?),
+    };
+    let tag = args
+        .tag
+        .clone()
+        .or(file.tag)
+        .map(validate_tag)
+        .transpose()?;
+    let queues = args.queues.or(file.queues).unwrap_or(1);
+    if queues == 0 || queues > MAX_REQUEST_QUEUES {
+        return Err(ConfigError::BadQueues(queues));
+    }
+    let poll_us = args.poll_us.or(file.poll_us).unwrap_or(DEFAULT_POLL_US);
+    if poll_us > MAX_POLL_US {
+        return Err(ConfigError::BadPoll(poll_us));
+    }
+    let nonblocking_io = match args
+        .nonblocking_io
+        .or(file.nonblocking_io)
+        .unwrap_or(crate::args::NonblockingIo::Auto)
+    {
+        crate::args::NonblockingIo::Auto => NONBLOCKING_BUILT,
+        crate::args::NonblockingIo::On if NONBLOCKING_BUILT => true,
+        crate::args::NonblockingIo::On => return Err(ConfigError::NonblockingUnsupported),
+        crate::args::NonblockingIo::Off => false,
+    };
+    let thread_pool_size = args
+        .thread_pool_size
+        .or(legacy.thread_pool_size)
+        .or(file.thread_pool_size)
+        .unwrap_or(DEFAULT_THREAD_POOL_SIZE);
+    let migration_on_error = match args.migration_on_error.or(file.migration_on_error) {
+        Some(crate::args::MigrationOnError::Abort) => crate::migration::OnError::Abort,
+        Some(crate::args::MigrationOnError::GuestError) | None => {
+            crate::migration::OnError::GuestError
+        }
+    };
+    let socket_group = args
+        .socket_group
+        .clone()
+        .or(file.socket_group)
+        .map(|g| crate::sandbox::resolve_group(&g).map_err(ConfigError::SocketGroup))
+        .transpose()?;
+    if socket_group.is_some() && matches!(listen, Listen::Fd(_)) {
+        warnings.push(
+            "Ignoring --socket-group: the socket was inherited (--fd), its creator sets its group"
+                .to_owned(),
+        );
+    }
+    Ok(TransportConfig {
+        listen,
+        tag,
+        queues,
+        poll_us,
+        nonblocking_io,
+        thread_pool_size,
+        keep_serving: args.keep_serving || file.keep_serving.unwrap_or(false),
+        handover: args.handover.clone().or(file.handover),
+        migration_on_error,
+        socket_group,
+    })
+}
+
+/// `[fuse]`: what the guest is offered, and how much of the daemon it may hold.
+struct FuseConfig {
+    cache: CacheMode,
+    xattr: bool,
+    readonly: bool,
+    guest: GuestLimits,
+}
+
+fn fuse_config(args: &Args, legacy: &Legacy, file: FileFuse) -> Result<FuseConfig, ConfigError> {
+    let cli_xattr = if args.no_xattr {
+        Some(false)
+    } else if args.xattr {
+        Some(true)
+    } else {
+        legacy.xattr
+    };
+    let limit = |cli: Option<usize>, file: Option<usize>, name, default| match cli
+        .or(file)
+        .unwrap_or(default)
+    {
+        0 => Err(ConfigError::BadLimit(name, default)),
+        n => Ok(n),
+    };
+    use crate::fs::limits::{DEFAULT_HELD_INODES, DEFAULT_MAX_HANDLES, DEFAULT_MAX_NODES};
+    let guest = GuestLimits {
+        max_nodes: limit(
+            args.max_nodes,
+            file.max_nodes,
+            "--max-nodes",
+            DEFAULT_MAX_NODES,
+        )?,
+        max_handles: limit(
+            args.max_handles,
+            file.max_handles,
+            "--max-handles",
+            DEFAULT_MAX_HANDLES,
+        )?,
+        held_inodes: limit(
+            args.held_inodes,
+            file.held_inodes,
+            "--held-inodes",
+            DEFAULT_HELD_INODES,
+        )?,
+        snapshots: args
+            .snapshots
+            .or(file.snapshots)
+            .unwrap_or(cli::Snapshots::ReadOnly)
+            .into(),
+        allow_device_nodes: args.allow_device_nodes || file.allow_device_nodes.unwrap_or(false),
+    };
+    Ok(FuseConfig {
+        cache: args
+            .cache
+            .or(legacy.cache)
+            .or(file.cache)
+            .unwrap_or(cli::CacheMode::Auto)
+            .into(),
+        xattr: cli_xattr.or(file.xattr).unwrap_or(true),
+        readonly: args.readonly || file.readonly.unwrap_or(false),
+        guest,
+    })
+}
+
+/// `[log]`.
+fn log_config(args: &Args, file: FileLog) -> LogConfig {
+    let cli_level = args
+        .log_level
+        .or(args.debug.then_some(cli::LogLevel::Debug));
+    LogConfig {
+        level: cli_level
+            .or(file.level)
+            .unwrap_or(cli::LogLevel::Info)
+            .into(),
+        syslog: args.syslog || file.syslog.unwrap_or(false),
+        slow_request: args
+            .slow_request_secs
+            .or(file.slow_request_secs)
+            .map_or(DEFAULT_SLOW_REQUEST, Duration::from_secs),
+    }
+}
+
+/// `[ceph]`: who the daemon is to the cluster, what it exports, and libcephfs's options.
+fn ceph_config(
+    args: &Args,
+    file: FileCeph,
+    warnings: &mut Vec<String>,
+) -> Result<CephConfig, ConfigError> {
+    let (client_id, root) = identity_and_root(
+        args.cluster.client_id.clone().or(file.client_id),
+        args.ceph_root.clone().or(file.root),
+    )?;
+    // Canonical ("/a/b"): libcephfs refuses "//" and "/./" in a mount path, and the
+    // quarantine decides the export's domain on the path's components.
+    let root = crate::quarantine::normalize(&root).ok_or(ConfigError::BadCephRoot(root))?;
+    let options = ceph_options(
+        args,
+        file.options,
+        file.object_cache_mib,
+        file.inode_cache,
+        warnings,
+    )?;
+    let mount_timeout = args
+        .mount_timeout
+        .or(file.mount_timeout)
+        .map(Duration::from_secs)
+        .unwrap_or(DEFAULT_MOUNT_TIMEOUT);
+    if mount_timeout.is_zero() {
+        return Err(ConfigError::BadMountTimeout);
+    }
+    let instance_id = args
+        .instance_id
+        .clone()
+        .or(file.instance_id)
+        .map(|id| check_name(id, ConfigError::BadInstanceId))
+        .transpose()?;
+    let name = args
+        .name
+        .clone()
+        .or(file.name)
+        .map(|n| check_name(n, ConfigError::BadName))
+        .transpose()?;
+    Ok(CephConfig {
+        access: CephAccess {
+            conf: args.cluster.ceph_conf.clone().or(file.conf),
+            client_id: Some(client_id),
+            keyring: args.cluster.keyring.clone().or(file.keyring),
+            fs_name: args.cluster.fs_name.clone().or(file.fs_name),
+            options,
+            mount_timeout,
+            // Set by the daemon on the export's and the watcher's own copies only.
+            session_uuid: None,
+            name,
+        },
+        root,
+        instance_id,
+    })
+}
+
+/// No implicit identity or root: client.admin and "/" serve only when named.
+fn identity_and_root(
+    client_id: Option<String>,
+    root: Option<String>,
+) -> Result<(String, String), ConfigError> {
+    match (client_id, root) {
+        (Some(id), Some(root)) => Ok((id, root)),
+        (None, None) => Err(ConfigError::NoCephIdentity(
+            "No Ceph client id and no export root",
+            "--client-id ID --ceph-root PATH",
+            "client-id and root",
+        )),
+        (None, Some(_)) => Err(ConfigError::NoCephIdentity(
+            "No Ceph client id",
+            "--client-id ID",
+            "client-id",
+        )),
+        (Some(_), None) => Err(ConfigError::NoCephIdentity(
+            "No export root",
+            "--ceph-root PATH (e.g. the output of `ceph fs subvolume getpath`)",
+            "root",
+        )),
+    }
+}
+
+/// libcephfs's options: the memory bounds first, then the file's (sorted by key), then the
+/// command line's, each replacing an earlier one of the same key.
+fn ceph_options(
+    args: &Args,
+    file_options: std::collections::BTreeMap<String, String>,
+    file_object_cache_mib: Option<u64>,
+    file_inode_cache: Option<u64>,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<(String, String)>, ConfigError> {
+    let mut explicit: Vec<(String, String)> = file_options.into_iter().collect();
+    for opt in &args.ceph_opt {
+        let (key, value) = parse_ceph_opt(opt)?;
+        if is_secret_option(&key) {
+            warnings.push(format!(
+                "--ceph-opt {key}=... puts a secret on the command line, where local users \
+                 can read it (ps, /proc): use a keyring file (--keyring) instead"
+            ));
+        }
+        explicit.retain(|(k, _)| *k != key);
+        explicit.push((key, value));
+    }
+    let mut options = memory_options(
+        args.object_cache_mib
+            .or(file_object_cache_mib)
+            .unwrap_or(DEFAULT_OBJECT_CACHE_MIB),
+        args.inode_cache
+            .or(file_inode_cache)
+            .unwrap_or(DEFAULT_INODE_CACHE),
+    )?;
+    options.retain(|(k, _)| !explicit.iter().any(|(e, _)| e == k));
+    options.extend(explicit);
+    Ok(options)
+}
+
+/// `[sandbox]`: the account the daemon switches to, its seccomp filter and the id mapping.
+fn sandbox_config(
+    args: &Args,
+    file: FileSandbox,
+) -> Result<(SandboxConfig, IdMapping), ConfigError> {
+    let account = match (
+        args.user.clone().or(file.user),
+        args.group.clone().or(file.group),
+    ) {
+        (Some(u), g) => {
+            Some(crate::sandbox::resolve_account(&u, g.as_deref()).map_err(ConfigError::Account)?)
+        }
+        (None, Some(_)) => return Err(ConfigError::Account(SandboxError::GroupWithoutUser)),
+        // Started as root (libvirt, Kata): the package's user, if it exists.
+        (None, None) => crate::sandbox::package_account().map_err(ConfigError::Account)?,
+    };
+    let sandbox = SandboxConfig {
+        user: account,
+        seccomp: args
+            .seccomp
+            .or(file.seccomp)
+            .unwrap_or(cli::SeccompMode::Kill)
+            .into(),
+    };
+    // Command-line rules replace the file's rules of the same kind (uid or gid).
+    let rules = |cli: &[String], file: Vec<String>| {
+        let chosen = if cli.is_empty() { file } else { cli.to_vec() };
+        chosen
+            .iter()
+            .map(|r| r.parse::<Rule>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ConfigError::IdMap)
+    };
+    let uid_rules = rules(&args.translate_uid, file.translate_uid)?;
+    let gid_rules = rules(&args.translate_gid, file.translate_gid)?;
+    let idmap = IdMapping::new(&uid_rules, &gid_rules).map_err(ConfigError::IdMap)?;
+    Ok((sandbox, idmap))
 }
 
 #[cfg(test)]
