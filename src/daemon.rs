@@ -835,16 +835,16 @@ mod tests {
         }
     }
 
-    /// With --keep-serving, a frontend that hangs up ends its FUSE session (nodes and handles
-    /// dropped) before the next frontend is accepted.
-    #[test]
-    fn hostile_keep_serving_reconnect_ends_the_previous_session() {
-        use crate::vhost_user::tests::TestFs;
-        let dir = std::env::temp_dir().join(format!("cvfs-reconnect-{}", std::process::id()));
+    /// A `--keep-serving` connection loop over `fs` on a socket of its own, until the test
+    /// process ends: its directory, its socket, and how many connections it started.
+    fn keep_serving(
+        name: &str,
+        fs: Arc<crate::vhost_user::tests::TestFs>,
+    ) -> (PathBuf, PathBuf, Arc<Connections>) {
+        let dir = std::env::temp_dir().join(format!("cvfs-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
         let socket = dir.join("vm.sock");
         let listener = Listener::new(&socket, true).unwrap_or_else(|e| panic!("{e}"));
-        let fs = Arc::new(TestFs::default());
         let options = BackendOptions {
             tag: None,
             request_queues: 1,
@@ -852,19 +852,34 @@ mod tests {
             poll: std::time::Duration::ZERO,
             nonblocking: false,
         };
-        let backend =
-            VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
-        // Serves frontends until the test process ends.
+        let backend = VhostUserFsBackend::new(fs, &options).unwrap_or_else(|e| panic!("{e}"));
         let state = Arc::new(Connections::default());
         let seen = state.clone();
         std::thread::spawn(move || connection_loop(listener, &backend, true, &*state));
+        (dir, socket, seen)
+    }
+
+    /// A frontend that owns the device and has had an answer.
+    fn frontend(socket: &Path) -> vhost::vhost_user::Frontend {
+        use vhost::VhostBackend;
+        let frontend =
+            vhost::vhost_user::Frontend::connect(socket, 2).unwrap_or_else(|e| panic!("{e}"));
+        frontend.set_owner().unwrap_or_else(|e| panic!("{e}"));
+        frontend.get_features().unwrap_or_else(|e| panic!("{e}"));
+        frontend
+    }
+
+    /// With --keep-serving, a frontend that hangs up ends its FUSE session (nodes and handles
+    /// dropped) before the next frontend is accepted.
+    #[test]
+    fn hostile_keep_serving_reconnect_ends_the_previous_session() {
+        use crate::vhost_user::tests::TestFs;
+        let fs = Arc::new(TestFs::default());
+        let (dir, socket, seen) = keep_serving("reconnect", fs.clone());
         // A frontend that has had an answer, and stays connected.
         let connect = || {
-            use vhost::vhost_user::{Frontend, VhostUserFrontend};
-            use vhost::VhostBackend;
-            let mut frontend = Frontend::connect(&socket, 2).unwrap_or_else(|e| panic!("{e}"));
-            frontend.set_owner().unwrap_or_else(|e| panic!("{e}"));
-            frontend.get_features().unwrap_or_else(|e| panic!("{e}"));
+            use vhost::vhost_user::VhostUserFrontend;
+            let mut frontend = frontend(&socket);
             let _ = frontend.get_protocol_features();
             frontend
         };
@@ -889,30 +904,8 @@ mod tests {
     #[test]
     fn hostile_keep_serving_reconnects_leave_no_descriptors() {
         use crate::vhost_user::tests::TestFs;
-        let dir = std::env::temp_dir().join(format!("cvfs-fds-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
-        let socket = dir.join("vm.sock");
-        let listener = Listener::new(&socket, true).unwrap_or_else(|e| panic!("{e}"));
-        let options = BackendOptions {
-            tag: None,
-            request_queues: 1,
-            thread_pool_size: 1,
-            poll: std::time::Duration::ZERO,
-            nonblocking: false,
-        };
-        let backend = VhostUserFsBackend::new(Arc::new(TestFs::default()), &options)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let state = Arc::new(Connections::default());
-        let seen = state.clone();
-        std::thread::spawn(move || connection_loop(listener, &backend, true, &*state));
-        let connect = || {
-            use vhost::vhost_user::Frontend;
-            use vhost::VhostBackend;
-            let frontend = Frontend::connect(&socket, 2).unwrap_or_else(|e| panic!("{e}"));
-            frontend.set_owner().unwrap_or_else(|e| panic!("{e}"));
-            frontend.get_features().unwrap_or_else(|e| panic!("{e}"));
-            frontend
-        };
+        let (dir, socket, seen) = keep_serving("fds", Arc::new(TestFs::default()));
+        let connect = || frontend(&socket);
         // Other tests of this process open eventfds too: count ours by the growth over many
         // reconnects (the leak was 400 here), with room for what runs beside.
         let eventfds = || {
