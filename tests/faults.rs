@@ -11,22 +11,14 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ceph_client::{Inode, Mount, UserPerm, CEPH_STATX_BASIC_STATS};
-use common::{run_guest, Daemon, Lab};
+use common::{
+    ceph_dir as dir, ceph_exists as exists, ceph_read_all as read_all, run_guest, Daemon, Lab,
+};
 
 fn cluster_dir() -> PathBuf {
     std::env::var("CEPH_DEV_CLUSTER_DIR")
         .expect("CEPH_DEV_CLUSTER_DIR is not set: run the tests through tests/run")
         .into()
-}
-
-fn dir(m: &Mount, path: &str) -> Inode {
-    common::ceph_dir(m, path)
-}
-
-fn exists(m: &Mount, parent: &Inode, name: &str) -> bool {
-    let n = CString::new(name).unwrap();
-    m.lookup(parent, &n, CEPH_STATX_BASIC_STATS, 0, &UserPerm::root())
-        .is_ok()
 }
 
 fn wait_exists(m: &Mount, parent: &Inode, name: &str, guest: &std::thread::JoinHandle<impl Send>) {
@@ -38,10 +30,6 @@ fn wait_exists(m: &Mount, parent: &Inode, name: &str, guest: &std::thread::JoinH
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn read_all(m: &Mount, parent: &Inode, name: &str) -> Vec<u8> {
-    common::ceph_read_all(m, parent, name)
 }
 
 #[test]

@@ -5,39 +5,13 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
 
-use common::{run_guest, Daemon, Lab};
+use common::{metric_value as value, run_guest, scrape_metrics as scrape, Daemon, Lab};
 
 const FILES: u32 = 20;
 const BLOCKS: u64 = 256; // of 4 KiB: 1 MiB
 const WRITTEN: u64 = BLOCKS * 4096;
-
-fn scrape(socket: &Path) -> String {
-    let mut s = UnixStream::connect(socket)
-        .unwrap_or_else(|e| panic!("connect to metrics socket {}: {e}", socket.display()));
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    assert!(
-        head.contains("Content-Type: text/plain; version=0.0.4"),
-        "{head}"
-    );
-    body.to_owned()
-}
-
-/// The value of the sample whose name-and-labels part is exactly `series`.
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
-        .and_then(|(_, v)| v.parse().ok())
-}
 
 fn must(text: &str, series: &str) -> f64 {
     value(text, series).unwrap_or_else(|| panic!("no sample {series} in scrape:\n{text}"))

@@ -12,55 +12,16 @@
 mod common;
 
 use std::ffi::CString;
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use ceph_client::{Inode, Mount, UserPerm, CEPH_STATX_BASIC_STATS};
-use common::{run_guest, Daemon, Lab};
+use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS};
+use common::{
+    ceph_dir as dir, ceph_exists as exists, metric_value as value, run_guest,
+    scrape_metrics as scrape, Daemon, Lab,
+};
 
 const STUCK: &str = "ceph_virtiofsd_fuse_requests_stuck";
 const SLOW_SETLKW: &str = "ceph_virtiofsd_fuse_slow_requests_total{op=\"SETLKW\"}";
-
-fn dir(m: &Mount, path: &str) -> Inode {
-    let perm = UserPerm::root();
-    let mut cur = m.lookup_root().unwrap();
-    for c in path.split('/').filter(|c| !c.is_empty()) {
-        let n = CString::new(c).unwrap();
-        cur = m
-            .lookup(&cur, &n, CEPH_STATX_BASIC_STATS, 0, &perm)
-            .unwrap()
-            .0;
-    }
-    cur
-}
-
-fn exists(m: &Mount, parent: &Inode, name: &str) -> bool {
-    let n = CString::new(name).unwrap();
-    m.lookup(parent, &n, CEPH_STATX_BASIC_STATS, 0, &UserPerm::root())
-        .is_ok()
-}
-
-fn scrape(socket: &Path) -> String {
-    let mut s = UnixStream::connect(socket)
-        .unwrap_or_else(|e| panic!("connect to metrics socket {}: {e}", socket.display()));
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
-    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
-    body.to_owned()
-}
-
-/// The value of the sample whose name-and-labels part is exactly `series`.
-fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
-        .and_then(|(_, v)| v.parse().ok())
-}
 
 /// Poll until `done` holds, at most `limit`; panics with `what` and the daemon log.
 fn wait_for(daemon: &Daemon, limit: Duration, what: &str, mut done: impl FnMut() -> bool) {

@@ -489,6 +489,38 @@ pub fn ceph_dir(m: &Mount, path: &str) -> ceph_client::Inode {
     cur
 }
 
+/// Whether `name` exists in `parent`, through a test's own client.
+pub fn ceph_exists(m: &Mount, parent: &ceph_client::Inode, name: &str) -> bool {
+    ceph_lookup(m, parent, name).is_some()
+}
+
+/// The daemon's metrics page, fetched over its Unix socket (`--metrics-socket`); the answer
+/// must be an HTTP 200 in the Prometheus text format.
+pub fn scrape_metrics(socket: &Path) -> String {
+    use std::io::Write;
+    let mut s = std::os::unix::net::UnixStream::connect(socket)
+        .unwrap_or_else(|e| panic!("connect to metrics socket {}: {e}", socket.display()));
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").expect("an HTTP answer");
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    body.to_owned()
+}
+
+/// The value of the sample of a metrics page whose name-and-labels part is exactly `series`.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| l.rsplit_once(' ').filter(|(s, _)| *s == series))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 /// Create the empty file `name` in the directory `dir` (from the CephFS root) through a test's
 /// own client: the usual way to tell a guest script to stop.
 pub fn ceph_touch(lab: &Lab, dir: &str, name: &str) {
