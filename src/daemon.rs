@@ -148,6 +148,76 @@ pub fn serve_session<F: Exported>(
     // Signal handlers first: once the socket exists, SIGTERM is already ours.
     let (events, receiver) = mpsc::channel();
     let signals = SignalThread::start(events.clone(), watchdog(config), stats.clone())?;
+    let Endpoints {
+        signals,
+        listener,
+        pid_lock,
+        handover,
+        metrics,
+    } = open_endpoints(config, took_over, signals, &stats)?;
+    // systemd (Type=notify): the socket listens and CephFS is mounted.
+    notify_ready(config, stats.clone())?;
+
+    let conn_backend = backend.clone();
+    let keep_serving = config.keep_serving;
+    let handover_events = events.clone();
+    let conn_state = handover_state.clone();
+    let conn = std::thread::Builder::new()
+        .name("vhost-user".to_owned())
+        .spawn(move || {
+            let result = connection_loop(listener, &conn_backend, keep_serving, &*conn_state);
+            let _ = events.send(Event::Finished(result));
+        })
+        .map_err(|e| DaemonError::Thread("vhost-user connection", e))?;
+    let rec_backend = backend.clone();
+    std::thread::Builder::new()
+        .name("recovery".to_owned())
+        .spawn(move || recovery_loop(&*recovering, &rec_backend))
+        .map_err(|e| DaemonError::Thread("session recovery", e))?;
+    if let Some(listener) = handover {
+        spawn_handover(
+            listener,
+            handover_state.clone(),
+            backend.clone(),
+            handover_events,
+        )?;
+    }
+
+    let result = wait_for_stop(&receiver);
+    let drained = backend.stop_and_drain(DRAIN_LIMIT);
+    if let Some(m) = metrics {
+        m.stop();
+    }
+    signals.stop();
+    if conn.is_finished() && conn.join().is_err() {
+        error!("The vhost-user connection thread panicked");
+    }
+    remove_sockets(config);
+    drop(pid_lock);
+    if !drained {
+        return Err(DaemonError::RequestsStuck(DRAIN_LIMIT.as_secs()));
+    }
+    result
+}
+
+/// What serving listens on and holds once it may start: the signal thread, the vhost-user
+/// socket and its pid lock, the handover socket and the metrics endpoint.
+struct Endpoints {
+    signals: SignalThread,
+    listener: Listener,
+    pid_lock: Option<PidLock>,
+    handover: Option<HandoverListener>,
+    metrics: Option<MetricsServer>,
+}
+
+/// Open what the daemon listens on while privileges allow, then enter the sandbox. On an
+/// error, `signals` is stopped before what was opened is closed.
+fn open_endpoints(
+    config: &Config,
+    took_over: bool,
+    signals: SignalThread,
+    stats: &Arc<dyn FsStats>,
+) -> Result<Endpoints, DaemonError> {
     let lock_wait = if took_over {
         PREDECESSOR_EXIT_WAIT
     } else {
@@ -190,41 +260,39 @@ pub fn serve_session<F: Exported>(
         signals.stop();
         return Err(DaemonError::Sandbox(e));
     }
-    // systemd (Type=notify): the socket listens and CephFS is mounted.
-    notify_ready(config, stats.clone())?;
+    Ok(Endpoints {
+        signals,
+        listener,
+        pid_lock,
+        handover,
+        metrics,
+    })
+}
 
-    let conn_backend = backend.clone();
-    let keep_serving = config.keep_serving;
-    let handover_events = events.clone();
-    let conn_state = handover_state.clone();
-    let conn = std::thread::Builder::new()
-        .name("vhost-user".to_owned())
-        .spawn(move || {
-            let result = connection_loop(listener, &conn_backend, keep_serving, &*conn_state);
-            let _ = events.send(Event::Finished(result));
-        })
-        .map_err(|e| DaemonError::Thread("vhost-user connection", e))?;
-    let rec_backend = backend.clone();
+/// Serve handover requests on a thread of its own; the events hear when a successor took the
+/// guest's session.
+fn spawn_handover<F: Exported>(
+    listener: HandoverListener,
+    state: Arc<dyn DeviceState>,
+    queues: VhostUserFsBackend<F>,
+    events: mpsc::Sender<Event>,
+) -> Result<(), DaemonError> {
     std::thread::Builder::new()
-        .name("recovery".to_owned())
-        .spawn(move || recovery_loop(&*recovering, &rec_backend))
-        .map_err(|e| DaemonError::Thread("session recovery", e))?;
-    if let Some(listener) = handover {
-        let state = handover_state.clone();
-        let queues = backend.clone();
-        let events = handover_events;
-        std::thread::Builder::new()
-            .name("handover".to_owned())
-            .spawn(move || {
-                listener.run(&*state, &queues);
-                let _ = events.send(Event::HandedOver);
-            })
-            .map_err(|e| DaemonError::Thread("handover", e))?;
-    }
+        .name("handover".to_owned())
+        .spawn(move || {
+            listener.run(&*state, &queues);
+            let _ = events.send(Event::HandedOver);
+        })
+        .map_err(|e| DaemonError::Thread("handover", e))?;
+    Ok(())
+}
 
+/// Wait for the first reason to stop, and tell systemd we are stopping: the result serving
+/// ends with, unless draining fails.
+fn wait_for_stop(receiver: &mpsc::Receiver<Event>) -> Result<(), DaemonError> {
     let received = receiver.recv();
     crate::notify::stopping();
-    let result = match received {
+    match received {
         Ok(Event::Signal(name)) => {
             info!("Received {name}: stopping");
             Ok(())
@@ -235,15 +303,11 @@ pub fn serve_session<F: Exported>(
         }
         Ok(Event::Finished(result)) => result,
         Err(mpsc::RecvError) => Err(DaemonError::ConnectionPanicked),
-    };
-    let drained = backend.stop_and_drain(DRAIN_LIMIT);
-    if let Some(m) = metrics {
-        m.stop();
     }
-    signals.stop();
-    if conn.is_finished() && conn.join().is_err() {
-        error!("The vhost-user connection thread panicked");
-    }
+}
+
+/// Remove the sockets' files once serving stopped.
+fn remove_sockets(config: &Config) {
     // If we stop on a signal the connection thread still owns the listener: remove the socket
     // file ourselves so the next start does not find a stale one.
     if let Listen::SocketPath(path) = &config.listen {
@@ -255,11 +319,6 @@ pub fn serve_session<F: Exported>(
             let _ = std::fs::remove_file(path);
         }
     }
-    drop(pid_lock);
-    if !drained {
-        return Err(DaemonError::RequestsStuck(DRAIN_LIMIT.as_secs()));
-    }
-    result
 }
 
 /// Recover the CephFS session whenever the filesystem says it is lost (an eviction): the

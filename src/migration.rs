@@ -330,6 +330,26 @@ impl State {
     /// [`State::decode`] within a destination's limits: a blob longer than they allow, or
     /// counts over them, are refused before any record is read.
     pub fn decode_within(bytes: &[u8], bounds: &Bounds) -> Result<State, FormatError> {
+        let (mut r, version) = Cursor::body(bytes, bounds)?;
+        let mut s = State {
+            fuse_capable: r.u64("fuse options")?,
+            idmap_fingerprint: r.u64("id mapping")?,
+            root: (r.u64("root")?, r.u64("root")?),
+            ..State::default()
+        };
+        s.nodes = r.nodes(bounds)?;
+        r.handles(bounds, version, &mut s)?;
+        if !r.0.is_empty() {
+            return Err(FormatError::Corrupt("bytes after the last handle"));
+        }
+        Ok(s)
+    }
+}
+
+impl<'a> Cursor<'a> {
+    /// The body of a state blob, after its header (magic, version, body length, checksum) is
+    /// checked, and the format version.
+    fn body(bytes: &'a [u8], bounds: &Bounds) -> Result<(Self, u32), FormatError> {
         let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
         let max = bounds.max_len();
         if len > max {
@@ -357,13 +377,12 @@ impl State {
         if fingerprint(r.0) != sum {
             return Err(FormatError::Checksum);
         }
-        let mut s = State {
-            fuse_capable: r.u64("fuse options")?,
-            idmap_fingerprint: r.u64("id mapping")?,
-            root: (r.u64("root")?, r.u64("root")?),
-            ..State::default()
-        };
-        let count = r.count("node count", NODE_FIXED)?;
+        Ok((r, version))
+    }
+
+    /// The node table: its count (within `bounds`), then each node.
+    fn nodes(&mut self, bounds: &Bounds) -> Result<Vec<NodeState>, FormatError> {
+        let count = self.count("node count", NODE_FIXED)?;
         // The root is node 1 and not in the state.
         let max = bounds.max_nodes.saturating_sub(1);
         if count > max {
@@ -373,33 +392,43 @@ impl State {
                 max,
             });
         }
-        s.nodes.reserve(count);
+        let mut nodes = Vec::with_capacity(count);
         for _ in 0..count {
-            let id = r.u64("node")?;
-            let ino = r.u64("node")?;
-            let snapid = r.u64("node")?;
-            let kind = r.u32("node")?;
-            let lookups = r.u64("node")?;
-            let parent = r.u64("node")?;
-            let name_len = usize::from(r.u16("node name")?);
-            if name_len > MAX_NAME {
-                return Err(FormatError::Corrupt("node name length"));
-            }
-            let name = r.take(name_len, "node name")?.to_vec();
-            if id == 0 || lookups == 0 {
-                return Err(FormatError::Corrupt("node without id or lookups"));
-            }
-            s.nodes.push(NodeState {
-                id,
-                ino,
-                snapid,
-                kind,
-                lookups,
-                parent,
-                name,
-            });
+            nodes.push(self.node()?);
         }
-        let count = r.count("handle count", HANDLE_MIN)?;
+        Ok(nodes)
+    }
+
+    fn node(&mut self) -> Result<NodeState, FormatError> {
+        let id = self.u64("node")?;
+        let ino = self.u64("node")?;
+        let snapid = self.u64("node")?;
+        let kind = self.u32("node")?;
+        let lookups = self.u64("node")?;
+        let parent = self.u64("node")?;
+        let name_len = usize::from(self.u16("node name")?);
+        if name_len > MAX_NAME {
+            return Err(FormatError::Corrupt("node name length"));
+        }
+        let name = self.take(name_len, "node name")?.to_vec();
+        if id == 0 || lookups == 0 {
+            return Err(FormatError::Corrupt("node without id or lookups"));
+        }
+        Ok(NodeState {
+            id,
+            ino,
+            snapid,
+            kind,
+            lookups,
+            parent,
+            name,
+        })
+    }
+
+    /// The handle table into `s`: its count (within `bounds`), then each handle and its
+    /// opener (from `version` 2 on).
+    fn handles(&mut self, bounds: &Bounds, version: u32, s: &mut State) -> Result<(), FormatError> {
+        let count = self.count("handle count", HANDLE_MIN)?;
         if count > bounds.max_handles {
             return Err(FormatError::OverLimit {
                 what: "handles",
@@ -409,20 +438,12 @@ impl State {
         }
         s.handles.reserve(count);
         for _ in 0..count {
-            let fh = r.u64("handle")?;
-            let node = r.u64("handle")?;
-            let kind = match r.u8("handle type")? {
-                HANDLE_FILE => HandleKind::File {
-                    oflags: i32::from_le_bytes(r.array("handle flags")?),
-                },
-                HANDLE_DIR => HandleKind::Dir {
-                    pos: r.u64("directory position")?,
-                },
-                _ => return Err(FormatError::Corrupt("handle type")),
-            };
+            let fh = self.u64("handle")?;
+            let node = self.u64("handle")?;
+            let kind = self.handle_kind()?;
             if version >= 2 {
-                let uid = r.u32("handle opener")?;
-                let gid = r.u32("handle opener")?;
+                let uid = self.u32("handle opener")?;
+                let gid = self.u32("handle opener")?;
                 if uid != NO_OPENER
                     && gid != NO_OPENER
                     && s.openers.insert(fh, Opener { uid, gid }).is_some()
@@ -432,10 +453,19 @@ impl State {
             }
             s.handles.push(HandleState { fh, node, kind });
         }
-        if !r.0.is_empty() {
-            return Err(FormatError::Corrupt("bytes after the last handle"));
-        }
-        Ok(s)
+        Ok(())
+    }
+
+    fn handle_kind(&mut self) -> Result<HandleKind, FormatError> {
+        Ok(match self.u8("handle type")? {
+            HANDLE_FILE => HandleKind::File {
+                oflags: i32::from_le_bytes(self.array("handle flags")?),
+            },
+            HANDLE_DIR => HandleKind::Dir {
+                pos: self.u64("directory position")?,
+            },
+            _ => return Err(FormatError::Corrupt("handle type")),
+        })
     }
 }
 

@@ -225,6 +225,79 @@ fn parents_of(nodes: &[NodeState]) -> Vec<Parent> {
         .collect()
 }
 
+/// Entries lost while restoring a state: each counted, the first few logged, the first kept
+/// for the report.
+struct Losses {
+    /// What restores ("migration", "session recovery"), for the log.
+    what: &'static str,
+    /// What the guest gets for a lost handle.
+    errno: i32,
+    /// A forged state may lose every one of its entries: the first few are logged.
+    logged: u32,
+    first: Option<String>,
+}
+
+impl Losses {
+    fn lost(&mut self, item: String, report_count: &mut usize) {
+        let what = self.what;
+        *report_count += 1;
+        if self.logged < LOST_LOGGED {
+            self.logged += 1;
+            tracing::warn!(
+                "{what}: {item}: the guest gets {} for it",
+                std::io::Error::from_raw_os_error(self.errno)
+            );
+        } else {
+            tracing::debug!("{what}: {item}");
+        }
+        self.first.get_or_insert(item);
+    }
+}
+
+/// The nodes of a state entered in the table (by id), and what their links need.
+struct RestoredNodes {
+    restored: HashMap<u64, Arc<Node>>,
+    parents: Vec<Parent>,
+    link_ok: Vec<bool>,
+}
+
+/// What finding a state's nodes works from.
+struct Resolving<'a> {
+    nodes: &'a [NodeState],
+    parents: &'a [Parent],
+    perm: &'a ceph_client::UserPerm,
+    /// The export root's inode, if it could be had.
+    root: Option<&'a Inode>,
+}
+
+/// Where following the chains down from the export root left each node.
+struct Chains {
+    /// Its inode, if a chain reached it.
+    found: Vec<Option<io::Result<Inode>>>,
+    /// Whether its link was confirmed.
+    link_ok: Vec<bool>,
+    /// Whether its link was tried.
+    tried: Vec<bool>,
+}
+
+/// Each of `len` nodes' children by `parents`, and the nodes that hang from the export root.
+fn children_of(parents: &[Parent], len: usize) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut children: Vec<Vec<usize>> = vec![Vec::new(); len];
+    let mut level = Vec::new();
+    for (i, p) in parents.iter().enumerate() {
+        match p {
+            Parent::Root => level.push(i),
+            Parent::Node(j) => {
+                if let Some(c) = children.get_mut(*j) {
+                    c.push(i);
+                }
+            }
+            Parent::Unusable => {}
+        }
+    }
+    (children, level)
+}
+
 impl CephFs {
     /// `--migration-on-error`: what a destination does with entries it cannot resolve.
     pub fn set_migration_on_error(&self, on_error: OnError) {
@@ -422,22 +495,27 @@ impl CephFs {
             Restore::Recovery { .. } => ("session recovery", libc::EIO, Source::Trusted),
         };
         let mut report = LoadReport::default();
-        let mut first_lost: Option<String> = None;
-        // A forged state may lose every one of its entries: the first few are logged.
-        let mut logged = 0u32;
-        let mut lost = |item: String, report_count: &mut usize| {
-            *report_count += 1;
-            if logged < LOST_LOGGED {
-                logged += 1;
-                tracing::warn!(
-                    "{what}: {item}: the guest gets {} for it",
-                    std::io::Error::from_raw_os_error(lost_errno)
-                );
-            } else {
-                tracing::debug!("{what}: {item}");
-            }
-            first_lost.get_or_insert(item);
+        let mut losses = Losses {
+            what,
+            errno: lost_errno,
+            logged: 0,
+            first: None,
         };
+        let nodes = self.restore_nodes(state, source, &mut losses, &mut report);
+        self.restore_links(state, &nodes);
+        self.restore_handles(state, how, &nodes.restored, &mut losses, &mut report);
+        (report, losses.first)
+    }
+
+    /// Enter the nodes of `state` that are found (and, from the frontend, proven to lie below
+    /// the export), without their links yet.
+    fn restore_nodes(
+        &self,
+        state: &State,
+        source: Source,
+        losses: &mut Losses,
+        report: &mut LoadReport,
+    ) -> RestoredNodes {
         let perm = self.perms.root();
         // Quarantine: every restored node derives its domain again on first use (UNSURE, which
         // is denied, until then; the generation cannot match the gate's current one).
@@ -455,14 +533,14 @@ impl CephFs {
             };
             let inode = match found {
                 Ok(_) if !restorable_id(n.id) => {
-                    lost(
+                    losses.lost(
                         format!("node {:#x}: not an id this daemon gives", n.id),
                         &mut report.lost_nodes,
                     );
                     continue;
                 }
                 Ok(_) if !proven.get(i).copied().unwrap_or(false) => {
-                    lost(
+                    losses.lost(
                         format!(
                             "node {:#x} (inode {:#x}): not proven to lie below the export \
                              (no link that holds from the export root, nor a \"..\" chain to it)",
@@ -474,7 +552,7 @@ impl CephFs {
                 }
                 Ok(inode) => inode,
                 Err(e) => {
-                    lost(
+                    losses.lost(
                         format!("node {:#x} (inode {:#x}): {e}", n.id, n.ino),
                         &mut report.lost_nodes,
                     );
@@ -492,32 +570,52 @@ impl CephFs {
                 Ok(node) => {
                     restored.insert(n.id, node);
                 }
-                Err(e) => lost(
+                Err(e) => losses.lost(
                     format!("node {:#x}: {}", n.id, errno(e)),
                     &mut report.lost_nodes,
                 ),
             }
         }
         report.nodes = restored.len();
-        // Links, now that every parent is in: a parent that is not (lost, or only held by a
-        // link on the source), or a link that was not confirmed (a directory proven by its
-        // "..") leaves the node without one, as a directory found by "..".
+        RestoredNodes {
+            restored,
+            parents,
+            link_ok,
+        }
+    }
+
+    /// Links, now that every parent is in: a parent that is not (lost, or only held by a
+    /// link on the source), or a link that was not confirmed (a directory proven by its
+    /// "..") leaves the node without one, as a directory found by "..".
+    fn restore_links(&self, state: &State, nodes: &RestoredNodes) {
         for (i, n) in state.nodes.iter().enumerate() {
-            let Some(node) = restored.get(&n.id) else {
+            let Some(node) = nodes.restored.get(&n.id) else {
                 continue;
             };
-            if !link_ok.get(i).copied().unwrap_or(false) {
+            if !nodes.link_ok.get(i).copied().unwrap_or(false) {
                 continue;
             }
-            let parent = match parents.get(i) {
+            let parent = match nodes.parents.get(i) {
                 Some(Parent::Root) => self.nodes.get(ROOT_ID),
-                Some(Parent::Node(_)) => restored.get(&n.parent).cloned(),
+                Some(Parent::Node(_)) => nodes.restored.get(&n.parent).cloned(),
                 _ => None,
             };
             if let (Some(parent), Ok(name)) = (parent, CString::new(n.name.clone())) {
                 node.set_link(Some(Link { parent, name }));
             }
         }
+    }
+
+    /// Open `state`'s handles again on the restored nodes; one that cannot be (or, after a
+    /// recovery, was dropped) is entered stale, to answer the losses' errno.
+    fn restore_handles(
+        &self,
+        state: &State,
+        how: &Restore,
+        restored: &HashMap<u64, Arc<Node>>,
+        losses: &mut Losses,
+        report: &mut LoadReport,
+    ) {
         for h in &state.handles {
             let node = if h.node == ROOT_ID {
                 self.nodes.get(ROOT_ID)
@@ -540,16 +638,15 @@ impl CephFs {
                 Ok(()) => report.handles += 1,
                 Err(e) => {
                     if restorable_fh(h.fh) {
-                        self.handles.restore_stale(h.fh, h.node, lost_errno);
+                        self.handles.restore_stale(h.fh, h.node, losses.errno);
                     }
-                    lost(
+                    losses.lost(
                         format!("handle {:#x} of node {:#x}: {e}", h.fh, h.node),
                         &mut report.lost_handles,
                     );
                 }
             }
         }
-        (report, first_lost)
     }
 
     /// Find every node of a state and, from the frontend, prove it lies below the export: the
@@ -577,46 +674,63 @@ impl CephFs {
         perm: &ceph_client::UserPerm,
         source: Source,
     ) -> (Vec<io::Result<Inode>>, Vec<bool>, Vec<bool>) {
-        let len = nodes.len();
         let root = self.nodes.get(ROOT_ID).and_then(|r| self.inode(&r).ok());
-        let mut children: Vec<Vec<usize>> = vec![Vec::new(); len];
-        let mut level = Vec::new();
-        for (i, p) in parents.iter().enumerate() {
-            match p {
-                Parent::Root => level.push(i),
-                Parent::Node(j) => {
-                    if let Some(c) = children.get_mut(*j) {
-                        c.push(i);
-                    }
-                }
-                Parent::Unusable => {}
-            }
+        let r = Resolving {
+            nodes,
+            parents,
+            perm,
+            root: root.as_deref(),
+        };
+        let Chains {
+            found,
+            mut link_ok,
+            tried,
+        } = self.follow_chains(&r);
+        let (pending, found) = self.find_unreached(&r, found);
+        self.retry_links(&r, &pending, &tried, &found, &mut link_ok);
+        if source == Source::Trusted {
+            let proven = found.iter().map(|f| f.is_ok()).collect();
+            return (found, proven, link_ok);
         }
-        let mut found: Vec<Option<io::Result<Inode>>> = (0..len).map(|_| None).collect();
-        let mut link_ok = vec![false; len];
-        let mut tried = vec![false; len];
-        // Down the chains that hold: each node is reached at most once (a loop never is:
-        // nothing in it hangs below the root).
+        let proven = self.prove_below_export(&r, &found, &link_ok);
+        (found, proven, link_ok)
+    }
+
+    /// Down the chains that hold, from the export root: each level's links confirmed (and
+    /// their inodes found) on the resolvers.
+    fn follow_chains(&self, r: &Resolving) -> Chains {
+        let len = r.nodes.len();
+        let (children, mut level) = children_of(r.parents, len);
+        let mut chains = Chains {
+            found: (0..len).map(|_| None).collect(),
+            link_ok: vec![false; len],
+            tried: vec![false; len],
+        };
+        // Each node is reached at most once (a loop never is: nothing in it hangs below the
+        // root).
         while !level.is_empty() {
+            let found = &chains.found;
             let parent_of = |i: usize| -> Option<&Inode> {
-                match parents.get(i)? {
-                    Parent::Root => root.as_deref(),
+                match r.parents.get(i)? {
+                    Parent::Root => r.root,
                     Parent::Node(j) => found.get(*j)?.as_ref()?.as_ref().ok(),
                     Parent::Unusable => None,
                 }
             };
             let results = self.on_resolvers(level.len(), |k| {
                 let i = *level.get(k)?;
-                self.confirm_link(nodes.get(i)?, parent_of(i)?, perm)
+                self.confirm_link(r.nodes.get(i)?, parent_of(i)?, r.perm)
             });
             let mut next = Vec::new();
-            for (&i, r) in level.iter().zip(results) {
-                if let Some(t) = tried.get_mut(i) {
+            for (&i, res) in level.iter().zip(results) {
+                if let Some(t) = chains.tried.get_mut(i) {
                     *t = true;
                 }
-                if let (Some(inode), Some(f), Some(l)) =
-                    (r.flatten(), found.get_mut(i), link_ok.get_mut(i))
-                {
+                if let (Some(inode), Some(f), Some(l)) = (
+                    res.flatten(),
+                    chains.found.get_mut(i),
+                    chains.link_ok.get_mut(i),
+                ) {
                     *f = Some(Ok(inode));
                     *l = true;
                     next.extend(children.get(i).into_iter().flatten().copied());
@@ -624,24 +738,45 @@ impl CephFs {
             }
             level = next;
         }
-        // What no chain reached, by number.
-        let pending: Vec<usize> = (0..len)
+        chains
+    }
+
+    /// What no chain reached, by number: those nodes' indexes, and every node's inode (or
+    /// why it was not found).
+    fn find_unreached(
+        &self,
+        r: &Resolving,
+        mut found: Vec<Option<io::Result<Inode>>>,
+    ) -> (Vec<usize>, Vec<io::Result<Inode>>) {
+        let pending: Vec<usize> = (0..r.nodes.len())
             .filter(|&i| found.get(i).is_some_and(Option::is_none))
             .collect();
         let resolved = self.on_resolvers(pending.len(), |k| {
-            let n = pending.get(k).and_then(|&i| nodes.get(i))?;
-            Some(self.resolve(n, perm))
+            let n = pending.get(k).and_then(|&i| r.nodes.get(i))?;
+            Some(self.resolve(n, r.perm))
         });
-        for (&i, r) in pending.iter().zip(resolved) {
+        for (&i, res) in pending.iter().zip(resolved) {
             if let Some(f) = found.get_mut(i) {
-                *f = Some(r.flatten().unwrap_or_else(|| Err(errno(libc::EIO))));
+                *f = Some(res.flatten().unwrap_or_else(|| Err(errno(libc::EIO))));
             }
         }
-        let found: Vec<io::Result<Inode>> = found
+        let found = found
             .into_iter()
             .map(|f| f.unwrap_or_else(|| Err(errno(libc::EIO))))
             .collect();
-        // Their links, where the parent is found now and the link was not tried yet.
+        (pending, found)
+    }
+
+    /// The links of the nodes found by number (`pending`), where the parent is found now and
+    /// the link was not tried yet.
+    fn retry_links(
+        &self,
+        r: &Resolving,
+        pending: &[usize],
+        tried: &[bool],
+        found: &[io::Result<Inode>],
+        link_ok: &mut [bool],
+    ) {
         let retry: Vec<usize> = pending
             .iter()
             .copied()
@@ -650,29 +785,36 @@ impl CephFs {
             .collect();
         let confirmed = self.on_resolvers(retry.len(), |k| {
             let i = *retry.get(k)?;
-            let parent = match parents.get(i)? {
-                Parent::Root => root.as_deref()?,
+            let parent = match r.parents.get(i)? {
+                Parent::Root => r.root?,
                 Parent::Node(j) => found.get(*j)?.as_ref().ok()?,
                 Parent::Unusable => return None,
             };
-            self.confirm_link(nodes.get(i)?, parent, perm).map(drop)
+            self.confirm_link(r.nodes.get(i)?, parent, r.perm).map(drop)
         });
         for (&i, c) in retry.iter().zip(confirmed) {
             if let (Some(()), Some(l)) = (c.flatten(), link_ok.get_mut(i)) {
                 *l = true;
             }
         }
-        if source == Source::Trusted {
-            let proven = found.iter().map(|f| f.is_ok()).collect();
-            return (found, proven, link_ok);
-        }
+    }
+
+    /// Which nodes of the frontend's state are proven to lie below the export: down links
+    /// that hold, or up a head directory's "..", and never a snapshot the guest may not see.
+    fn prove_below_export(
+        &self,
+        r: &Resolving,
+        found: &[io::Result<Inode>],
+        link_ok: &[bool],
+    ) -> Vec<bool> {
+        let len = r.nodes.len();
         let none = vec![false; len];
-        let linked = propagate(parents, &link_ok, &none);
+        let linked = propagate(r.parents, link_ok, &none);
         // Head directories no confirmed chain reaches: where ".." leads (a directory the
         // source found by "..", or whose name another client changed).
         let walked = self.on_resolvers(len, |i| {
             let (Some(n), Some(Ok(inode)), Some(false)) =
-                (nodes.get(i), found.get(i), linked.get(i).copied())
+                (r.nodes.get(i), found.get(i), linked.get(i).copied())
             else {
                 return Some(false);
             };
@@ -684,21 +826,20 @@ impl CephFs {
         });
         let walked: Vec<bool> = walked.into_iter().map(|w| w == Some(Some(true))).collect();
         let proven = if walked.iter().any(|w| *w) {
-            propagate(parents, &link_ok, &walked)
+            propagate(r.parents, link_ok, &walked)
         } else {
             linked
         };
         // Snapshots the guest may not see are never restored, however they were found.
-        let proven = if self.cfg.snapshots.visible() {
+        if self.cfg.snapshots.visible() {
             proven
         } else {
             proven
                 .into_iter()
-                .zip(nodes)
+                .zip(r.nodes)
                 .map(|(p, n)| p && n.snapid == NOSNAP)
                 .collect()
-        };
-        (found, proven, link_ok)
+        }
     }
 
     /// The inode `n`'s link names in `parent`, if the name is one a request could look up

@@ -314,58 +314,61 @@ impl Metrics {
     ) -> String {
         let mut w = TextWriter::new();
         self.render_requests(&mut w);
+        self.render_traffic(&mut w);
+        self.render_queues(&mut w, queues);
+        self.render_quarantine(&mut w);
+        if let Some(fs) = fs {
+            render_fs(&mut w, fs);
+        }
+        self.render_sessions(&mut w);
+        if let Some(h) = ceph {
+            h.render(&mut w);
+        }
+        w.finish()
+    }
 
-        w.family(
+    /// Bytes moved, and requests that got no ordinary answer.
+    fn render_traffic(&self, w: &mut TextWriter) {
+        single(
+            w,
             "ceph_virtiofsd_read_bytes_total",
             Kind::Counter,
             "Bytes returned to the guest by FUSE READ.",
-        );
-        w.sample(
-            "ceph_virtiofsd_read_bytes_total",
-            &[],
             self.bytes_read.load(Ordering::Relaxed),
         );
-        w.family(
+        single(
+            w,
             "ceph_virtiofsd_write_bytes_total",
             Kind::Counter,
             "Bytes written for the guest by FUSE WRITE.",
-        );
-        w.sample(
-            "ceph_virtiofsd_write_bytes_total",
-            &[],
             self.bytes_written.load(Ordering::Relaxed),
         );
-        w.family(
+        single(
+            w,
             "ceph_virtiofsd_fuse_malformed_requests_total",
             Kind::Counter,
             "Requests returned to the guest unanswered (malformed descriptor chain or header).",
-        );
-        w.sample(
-            "ceph_virtiofsd_fuse_malformed_requests_total",
-            &[],
             self.malformed.load(Ordering::Relaxed),
         );
-        w.family(
+        single(
+            w,
             "ceph_virtiofsd_fuse_dropped_answers_total",
             Kind::Counter,
             "Requests served after their ring stopped (guest reboot or driver reset): answer not given.",
-        );
-        w.sample(
-            "ceph_virtiofsd_fuse_dropped_answers_total",
-            &[],
             self.dropped_answers.load(Ordering::Relaxed),
         );
-        w.family(
+        single(
+            w,
             "ceph_virtiofsd_fuse_negative_lookups_total",
             Kind::Counter,
             "LOOKUPs of a missing name answered with a cacheable negative entry instead of \
              ENOENT (every cache mode but never).",
-        );
-        w.sample(
-            "ceph_virtiofsd_fuse_negative_lookups_total",
-            &[],
             self.negative_lookups.load(Ordering::Relaxed),
         );
+    }
+
+    /// In-flight depth of the first `queues` virtqueues.
+    fn render_queues(&self, w: &mut TextWriter, queues: usize) {
         w.family(
             "ceph_virtiofsd_queue_in_flight",
             Kind::Gauge,
@@ -384,111 +387,48 @@ impl Metrics {
                 depth.load(Ordering::Relaxed).max(0),
             );
         }
-        w.family(
+    }
+
+    fn render_quarantine(&self, w: &mut TextWriter) {
+        single(
+            w,
             "ceph_virtiofsd_quarantine_denials_total",
             Kind::Counter,
             "Requests refused with EACCES because their subvolume is quarantined.",
-        );
-        w.sample(
-            "ceph_virtiofsd_quarantine_denials_total",
-            &[],
             self.quarantine_denials.load(Ordering::Relaxed),
         );
-        w.family(
+        single(
+            w,
             "ceph_virtiofsd_quarantine_domains_retired_total",
             Kind::Counter,
             "Quarantine domains retired (their id freed) because their directory was removed.",
-        );
-        w.sample(
-            "ceph_virtiofsd_quarantine_domains_retired_total",
-            &[],
             self.quarantine_retired.load(Ordering::Relaxed),
         );
-        if let Some(fs) = fs {
-            w.family(
-                "ceph_virtiofsd_inodes",
-                Kind::Gauge,
-                "Entries of the inode (node id) table.",
-            );
-            w.sample("ceph_virtiofsd_inodes", &[], fs.node_count());
-            w.family(
-                "ceph_virtiofsd_handles",
-                Kind::Gauge,
-                "Open file and directory handles.",
-            );
-            w.sample("ceph_virtiofsd_handles", &[], fs.handle_count());
-            let (nodes, handles) = fs.limit_refusals();
-            w.family(
-                "ceph_virtiofsd_limit_refusals_total",
-                Kind::Counter,
-                "Requests refused with ENFILE at the guest's --max-nodes or --max-handles.",
-            );
-            w.sample(
-                "ceph_virtiofsd_limit_refusals_total",
-                &[("table", "nodes")],
-                nodes,
-            );
-            w.sample(
-                "ceph_virtiofsd_limit_refusals_total",
-                &[("table", "handles")],
-                handles,
-            );
-            let (held, released, refound) = fs.inode_refs();
-            w.family(
-                "ceph_virtiofsd_inodes_held",
-                Kind::Gauge,
-                "Libcephfs inode references the inode table holds (at most --held-inodes, \
-                 beside the export root and snapshots).",
-            );
-            w.sample("ceph_virtiofsd_inodes_held", &[], held);
-            w.family(
-                "ceph_virtiofsd_inode_releases_total",
-                Kind::Counter,
-                "Inode references given back to libcephfs while the guest still holds the \
-                 inode (over --held-inodes, or recalled by the MDS).",
-            );
-            w.sample("ceph_virtiofsd_inode_releases_total", &[], released);
-            w.family(
-                "ceph_virtiofsd_inode_refinds_total",
-                Kind::Counter,
-                "Inodes found again by number after their reference was given back.",
-            );
-            w.sample("ceph_virtiofsd_inode_refinds_total", &[], refound);
-        }
-        w.family(
+    }
+
+    /// The MDS's recalls and the CephFS session's replacements.
+    fn render_sessions(&self, w: &mut TextWriter) {
+        single(
+            w,
             "ceph_virtiofsd_mds_inode_recalls_total",
             Kind::Counter,
             "Inode releases the MDS asked for under cache pressure (inodes the guest holds).",
-        );
-        w.sample(
-            "ceph_virtiofsd_mds_inode_recalls_total",
-            &[],
             self.mds_recalls.load(Ordering::Relaxed),
         );
-        w.family(
+        single(
+            w,
             "ceph_virtiofsd_session_recoveries_total",
             Kind::Counter,
             "CephFS sessions lost to an eviction (blocklisted) and replaced by a new one.",
-        );
-        w.sample(
-            "ceph_virtiofsd_session_recoveries_total",
-            &[],
             self.session_recoveries.load(Ordering::Relaxed),
         );
-        w.family(
+        single(
+            w,
             "ceph_virtiofsd_session_recovery_failures_total",
             Kind::Counter,
             "Attempts to replace a lost CephFS session that failed (tried again).",
-        );
-        w.sample(
-            "ceph_virtiofsd_session_recovery_failures_total",
-            &[],
             self.session_recovery_failures.load(Ordering::Relaxed),
         );
-        if let Some(h) = ceph {
-            h.render(&mut w);
-        }
-        w.finish()
     }
 
     fn render_requests(&self, w: &mut TextWriter) {
@@ -583,6 +523,70 @@ impl Metrics {
             }
         }
     }
+}
+
+/// One metric family with one sample and no labels.
+fn single(w: &mut TextWriter, name: &str, kind: Kind, help: &str, value: impl std::fmt::Display) {
+    w.family(name, kind, help);
+    w.sample(name, &[], value);
+}
+
+/// The file system's table sizes, refusals at their limits and held inode references.
+fn render_fs(w: &mut TextWriter, fs: &dyn FsStats) {
+    single(
+        w,
+        "ceph_virtiofsd_inodes",
+        Kind::Gauge,
+        "Entries of the inode (node id) table.",
+        fs.node_count(),
+    );
+    single(
+        w,
+        "ceph_virtiofsd_handles",
+        Kind::Gauge,
+        "Open file and directory handles.",
+        fs.handle_count(),
+    );
+    let (nodes, handles) = fs.limit_refusals();
+    w.family(
+        "ceph_virtiofsd_limit_refusals_total",
+        Kind::Counter,
+        "Requests refused with ENFILE at the guest's --max-nodes or --max-handles.",
+    );
+    w.sample(
+        "ceph_virtiofsd_limit_refusals_total",
+        &[("table", "nodes")],
+        nodes,
+    );
+    w.sample(
+        "ceph_virtiofsd_limit_refusals_total",
+        &[("table", "handles")],
+        handles,
+    );
+    let (held, released, refound) = fs.inode_refs();
+    single(
+        w,
+        "ceph_virtiofsd_inodes_held",
+        Kind::Gauge,
+        "Libcephfs inode references the inode table holds (at most --held-inodes, \
+         beside the export root and snapshots).",
+        held,
+    );
+    single(
+        w,
+        "ceph_virtiofsd_inode_releases_total",
+        Kind::Counter,
+        "Inode references given back to libcephfs while the guest still holds the \
+         inode (over --held-inodes, or recalled by the MDS).",
+        released,
+    );
+    single(
+        w,
+        "ceph_virtiofsd_inode_refinds_total",
+        Kind::Counter,
+        "Inodes found again by number after their reference was given back.",
+        refound,
+    );
 }
 
 /// Where the metrics endpoint listens.

@@ -155,6 +155,36 @@ impl Scanner {
     /// One round: (re)mount if needed, discover subvolumes, read every domain's state, retire
     /// the domains whose directory is gone, publish.
     fn scan(&mut self) {
+        let Some(mount) = self.mounted() else {
+            return;
+        };
+        let found = self.discover(&mount);
+        let settled = self.track_overflow(&mount, found.as_deref());
+        self.forget_removed_overflow(&mount, found.as_deref());
+        let paths = self.gate.paths_now();
+        let states = self.read_domains(&mount, &paths);
+        for ino in settled {
+            self.gate.unregister_root(ino, UNSURE);
+        }
+        for (ino, d) in std::mem::take(&mut self.unhook) {
+            self.gate.unregister_root(ino, d);
+        }
+        self.retire_gone(&paths);
+        self.gate
+            .publish_for(&paths, &effective(&paths, &states, &self.cfg));
+        // While anything is denied, a directory another client renamed into or out of a
+        // denied domain must not keep the domain it had: nodes derive theirs again (from their
+        // real ancestry) once per round.
+        if self.gate.any_denied() {
+            self.gate.invalidate();
+        }
+        self.gate.round_done();
+        self.drop_evicted_session();
+    }
+
+    /// The watcher's mount, mounted first if it is not: none (every domain published
+    /// unreadable) when that fails.
+    fn mounted(&mut self) -> Option<Mount> {
         if self.mount.is_none() {
             match self.access.mount(&self.base) {
                 Ok(m) => {
@@ -179,18 +209,21 @@ impl Scanner {
                         self.mount_error_logged = true;
                     }
                     self.publish_all(State::Unreadable);
-                    return;
+                    return None;
                 }
             }
         }
-        let Some(mount) = self.mount.clone() else {
-            return;
-        };
-        let found = self.discover(&mount);
+        self.mount.clone()
+    }
+
+    /// Give the discovered directories (`found`) no domain was left for an [`UNSURE`] root
+    /// entry, so they are denied. Those that got a domain since are the overflow entries
+    /// returned: they go once the domain's root is registered.
+    fn track_overflow(&mut self, mount: &Mount, found: Option<&[String]>) -> Vec<u64> {
         // Overflow directories that got a domain: their UNSURE entry goes once the domain's
-        // root is registered (below), so there is no moment at which the directory has none.
+        // root is registered (after [`Scanner::read_domains`]), so there is no moment at which the directory has none.
         let mut settled = Vec::new();
-        for p in found.iter().flatten() {
+        for p in found.into_iter().flatten() {
             if self.gate.domain_for_path(p).is_some() {
                 if let Some(ino) = self.overflow.remove(p) {
                     tracing::info!(path = %p, "quarantine: a domain id is free again; this directory is tracked now");
@@ -201,7 +234,7 @@ impl Scanner {
             // No domain left: its state cannot be followed, so it is denied (fail closed).
             // A daemon's own export is registered first, so only directories discovered
             // later, which a tenant's daemon cannot reach, can be left without one.
-            let Ok(Ok(v)) = self.resolve(&mount, p).map(|i| i.vino()) else {
+            let Ok(Ok(v)) = self.resolve(mount, p).map(|i| i.vino()) else {
                 continue;
             };
             let old = self.overflow.get(p).copied();
@@ -219,8 +252,13 @@ impl Scanner {
             }
             self.overflow.insert(p.clone(), v.ino);
         }
-        // Overflow directories removed meanwhile leave the root table.
-        if let Some(found) = &found {
+        settled
+    }
+
+    /// The overflow directories no longer discovered and removed meanwhile leave the root
+    /// table.
+    fn forget_removed_overflow(&mut self, mount: &Mount, found: Option<&[String]>) {
+        if let Some(found) = found {
             let found: std::collections::HashSet<&String> = found.iter().collect();
             let gone: Vec<String> = self
                 .overflow
@@ -229,14 +267,17 @@ impl Scanner {
                 .cloned()
                 .collect();
             for p in gone {
-                if matches!(self.resolve(&mount, &p), Err(e) if e.errno() == libc::ENOENT) {
+                if matches!(self.resolve(mount, &p), Err(e) if e.errno() == libc::ENOENT) {
                     if let Some(ino) = self.overflow.remove(&p) {
                         self.gate.unregister_root(ino, UNSURE);
                     }
                 }
             }
         }
-        let paths = self.gate.paths_now();
+    }
+
+    /// Read the state of every domain of `paths` (index = domain id - 1), logging changes.
+    fn read_domains(&mut self, mount: &Mount, paths: &[Option<String>]) -> Vec<State> {
         let mut states = Vec::with_capacity(paths.len());
         let mut parents = Parents::new();
         for (i, p) in paths.iter().enumerate() {
@@ -245,27 +286,17 @@ impl Scanner {
                 states.push(State::Unknown);
                 continue;
             };
-            let s = self.read_domain(&mount, d, p, &mut parents);
+            let s = self.read_domain(mount, d, p, &mut parents);
             let old = self.states.insert(d, s);
             self.log_state(d, p, old, s);
             states.push(s);
         }
-        for ino in settled {
-            self.gate.unregister_root(ino, UNSURE);
-        }
-        for (ino, d) in std::mem::take(&mut self.unhook) {
-            self.gate.unregister_root(ino, d);
-        }
-        self.retire_gone(&paths);
-        self.gate
-            .publish_for(&paths, &effective(&paths, &states, &self.cfg));
-        // While anything is denied, a directory another client renamed into or out of a
-        // denied domain must not keep the domain it had: nodes derive theirs again (from their
-        // real ancestry) once per round.
-        if self.gate.any_denied() {
-            self.gate.invalidate();
-        }
-        self.gate.round_done();
+        states
+    }
+
+    /// After a round whose reads found the session evicted: drop it, so that the next round
+    /// mounts a new one.
+    fn drop_evicted_session(&mut self) {
         if std::mem::take(&mut self.session_lost) {
             // Evicted (blocklisted): every call of this session fails from now on. Drop it;
             // the next round mounts a new one. Until then the unread domains stay denied.
