@@ -1167,12 +1167,14 @@ fn ceph(lab: &Lab, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// A tenant's key as Ceph's own tools hand it out (`ceph fs subvolume authorize`: `mds 'allow
-/// rw path=/volumes/_nogroup/<sv>/<uuid>'`, the subvolume's data only) exports its subvolume
-/// with quarantine on. With one id for both (the default), the watcher cannot mount "/" with
-/// it, and the guest's own subvolume is denied (fail closed): the trap of ecosystem review
-/// 2.2. With `--quarantine-client-id` (a metadata-only key on /volumes, no OSD caps) it is
-/// served, and quarantining the subvolume still denies it. Needs the lab cluster's mgr.
+/// A tenant's key confined to its subvolume's data directory, as Ceph's own tools hand it out
+/// (`ceph fs subvolume authorize` asks the monitor for `ceph fs authorize <fs> <id> <path>
+/// rw`: `mds 'allow rw path=/volumes/_nogroup/<sv>/<uuid>'`), exports its subvolume with
+/// quarantine on. With one id for both (the default), the watcher cannot mount "/" with it,
+/// and the guest's own subvolume is denied (fail closed). With `--quarantine-client-id` (a
+/// metadata-only key on /volumes, no OSD caps) it is served, and quarantining the subvolume
+/// still denies it. The subvolume is made as the mgr's volumes module lays it out
+/// (`/volumes/_nogroup/<sv>/<uuid>`), so the test needs no mgr: CI's cluster runs none.
 #[test]
 fn quarantine_watcher_with_its_own_id_serves_a_path_confined_tenant() {
     let lab = Lab::get();
@@ -1180,20 +1182,18 @@ fn quarantine_watcher_with_its_own_id_serves_a_path_confined_tenant() {
     let name = format!("qwatch{pid}");
     let tenant = format!("qtenant{pid}");
     let watch = format!("qwatcher{pid}");
-    ceph(&lab, &["fs", "subvolume", "create", "cephfs", &name]);
-    let path = ceph(&lab, &["fs", "subvolume", "getpath", "cephfs", &name]);
     let subvolume = format!("/volumes/_nogroup/{name}");
-    assert!(path.starts_with(&format!("{subvolume}/")), "{path}");
+    let path = format!("{subvolume}/{pid:08x}-7e57-4e57-8e57-0000c0ffee00");
+    mkdirs(&lab.ceph(), &path);
     ceph(
         &lab,
         &[
             "fs",
-            "subvolume",
             "authorize",
             "cephfs",
-            &name,
-            &tenant,
-            "--access_level=rw",
+            &format!("client.{tenant}"),
+            &path,
+            "rw",
         ],
     );
     let work = lab.scratch(&name);
