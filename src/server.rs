@@ -33,6 +33,7 @@ use crate::metrics;
 use crate::metrics::inflight::{self, RequestInfo};
 
 mod copied;
+mod late;
 #[cfg(libcephfs_nonblocking)]
 pub mod nonblocking;
 pub mod wire;
@@ -118,6 +119,12 @@ where
             fs,
             minor: AtomicU32::new(fuse_backend_rs::abi::fuse_abi::KERNEL_MINOR_VERSION),
         }
+    }
+
+    /// A reply the guest was not given (`--request-deadline` answered first): give back the
+    /// node references and handles it holds (`late`).
+    pub fn drop_late_reply(&self, header: &InHeader, reply: &[u8]) {
+        late::drop_reply(&*self.fs, header, reply);
     }
 
     /// Whether [`Self::serve_copied`] serves `opcode`: the transport then hands it the request

@@ -50,11 +50,12 @@ use vm_memory::{
     GuestRegionMmap, MemoryRegionAddress, MmapRegion, VolatileSlice,
 };
 
+use super::deadline::{self, Claim};
 use super::ring::Permit;
 use super::{GuestBitmap, GuestMem, MemGuard, Vring};
 use crate::metrics;
 use crate::server::wire::{FUSE_READ, FUSE_WRITE, REPLY_HEAD_LEN};
-use crate::server::{ExtraOps, FuseServer, ServerError};
+use crate::server::{ExtraOps, FuseServer, Served, ServerError};
 use vhost_user_backend::VringState;
 
 /// Where the private region starts: guest physical addresses stay far below (52 bits at most).
@@ -126,6 +127,8 @@ pub enum ChainError {
     Server(#[source] ServerError),
     #[error("The ring stopped after the request was taken")]
     Stopped,
+    #[error("The request was answered at --request-deadline before it was served")]
+    Late,
 }
 
 /// How [`serve`] knows the request's ring still runs when it touches guest memory: after a stop
@@ -410,7 +413,7 @@ fn copy_in(
 }
 
 /// Copy `src` into the writable buffers, in order.
-fn copy_out(
+pub(super) fn copy_out(
     mem: &GuestMemoryMmap<GuestBitmap>,
     bufs: &[Buf],
     mut src: &[u8],
@@ -545,6 +548,7 @@ pub(super) fn serve<F>(
     live: Live<'_>,
     queue: usize,
     start: Instant,
+    claim: Option<&Claim>,
 ) -> Outcome
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
@@ -563,9 +567,21 @@ where
             && r.readable_len <= REQUEST_COPY
             && r.writable_len <= REPLY_COPY
         {
-            serve_copied(server, mem, r, header, &mut p, Trip { live, queue, start })
+            let trip = Trip {
+                live,
+                queue,
+                start,
+                claim,
+            };
+            serve_copied(server, mem, r, header, &mut p, trip)
         } else {
-            serve_mapped(server, mem, r, header, &mut p, Trip { live, queue, start })
+            let trip = Trip {
+                live,
+                queue,
+                start,
+                claim,
+            };
+            serve_mapped(server, mem, r, header, &mut p, trip)
         }
     })
 }
@@ -576,6 +592,15 @@ struct Trip<'a> {
     live: Live<'a>,
     queue: usize,
     start: Instant,
+    /// `--request-deadline`: the serving thread answers only if the timer has not.
+    claim: Option<&'a Claim>,
+}
+
+impl Trip<'_> {
+    /// Whether this thread still answers the request (no claim: always).
+    fn answers(&self) -> bool {
+        self.claim.map_or(true, Claim::serve)
+    }
 }
 
 /// What [`serve`] did: the bytes written to the guest (or why the chain goes back
@@ -620,6 +645,15 @@ where
     }
     let reply = grown(reply, r.writable_len);
     let served = server.serve_copied(header, request, reply, trip.queue, trip.start);
+    if !trip.answers() {
+        if let Ok(n) = served.written {
+            server.drop_late_reply(&header, reply.get(..n).unwrap_or(&[]));
+        }
+        return Outcome {
+            used: Err(ChainError::Late),
+            took: Some(served.took),
+        };
+    }
     let used = served.written.map_err(ChainError::Server).and_then(|n| {
         let out = reply.get(..n).unwrap_or(&[]);
         trip.live
@@ -703,6 +737,21 @@ where
             })
         },
     );
+    if private_reply && !trip.answers() {
+        if let Ok(Served { written: Ok(n), .. }) = &served {
+            let mut late = vec![0u8; *n];
+            if region
+                .read_slice(&mut late, MemoryRegionAddress(REPLY_AT))
+                .is_ok()
+            {
+                server.drop_late_reply(&header, &late);
+            }
+        }
+        return Outcome {
+            used: Err(ChainError::Late),
+            took: served.as_ref().ok().map(|s| s.took),
+        };
+    }
     let outcome = match served {
         Ok(served) => Outcome {
             used: live
@@ -1085,7 +1134,7 @@ pub(super) fn complete_locked<F>(
 ) where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
-    let outcome = serve(server, mem, r, Live::Locked, queue, Instant::now());
+    let outcome = serve(server, mem, r, Live::Locked, queue, Instant::now(), None);
     let used = used_len(outcome.used, queue, r.head);
     used_ring(state, r.head, used, queue);
 }
@@ -1104,7 +1153,28 @@ pub(super) fn complete<F>(
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
-    let outcome = serve(server, mem, r, Live::Check(vring, generation), queue, start);
+    let claim = r
+        .header
+        .filter(|h| {
+            r.fault.is_none()
+                && deadline::eligible(
+                    h.opcode,
+                    r.readable_len <= REQUEST_COPY,
+                    h.opcode != FUSE_READ && r.writable_len <= REPLY_COPY,
+                    r.writable_len,
+                )
+        })
+        .and_then(|h| {
+            deadline::register(h, &r.writable, r.head, generation, queue, vring, mem, start)
+        });
+    let live = Live::Check(vring, generation);
+    let outcome = serve(server, mem, r, live, queue, start, claim.as_deref());
+    if let Some(c) = &claim {
+        // Every way out resolves the claim: a chain the timer answered is not given back twice.
+        if !c.serve() {
+            return outcome.took;
+        }
+    }
     let used = used_len(outcome.used, queue, r.head);
     give_back(vring, r.head, used, queue, generation);
     outcome.took
@@ -1123,6 +1193,8 @@ pub(super) fn used_len(result: Result<usize, ChainError>, queue: usize, head: u1
         }),
         // Not answered at all: `give_back` sees the stop too and counts it.
         Err(ChainError::Stopped) => 0,
+        // Answered by the timer already; the caller does not give it back.
+        Err(ChainError::Late) => 0,
         Err(e) => {
             if !matches!(e, ChainError::Server(_)) {
                 metrics::global().record_malformed();

@@ -46,6 +46,7 @@ use crate::server::{ExtraOps, FuseServer};
 
 mod chain;
 mod cost;
+mod deadline;
 mod device;
 #[cfg(libcephfs_nonblocking)]
 mod nonblocking;
@@ -58,6 +59,7 @@ mod transfer;
 
 pub use chain::ChainError;
 use cost::ServeCost;
+pub use deadline::set_request_deadline;
 use pool::{PoolLimits, WorkerPool};
 use queues::QueuePoll;
 use rescue::InlineWatch;
