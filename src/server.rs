@@ -46,9 +46,11 @@ use wire::{ReplyHead, OUT_HEADER_LEN};
 /// sees it. Linux `include/uapi/linux/fuse.h`: 7 (the old FUSE_BMAP slot) and 19 were never
 /// assigned; BMAP (37, block devices), IOCTL (39), POLL (40), NOTIFY_REPLY (41, we send no
 /// notifications) and SETUPMAPPING/REMOVEMAPPING (48, 49, DAX, not offered) are not served;
-/// TMPFILE (51), STATX (52) and later ones are unknown to fuse-backend-rs 0.14.
+/// TMPFILE (51) and later ones are unknown to fuse-backend-rs 0.14; STATX (52) is decoded by
+/// `copied` (the transport sends it there whenever its reply fits the private buffer, as
+/// Linux's 288-byte one does; with a larger room fuse-backend-rs answers ENOSYS).
 pub fn is_served(opcode: u32) -> bool {
-    matches!(opcode, 1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS)
+    matches!(opcode, 1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS | wire::FUSE_STATX)
 }
 
 thread_local! {
@@ -478,6 +480,7 @@ fn in_struct_len(opcode: u32) -> usize {
         46 => size_of::<LseekIn>(),
         FUSE_COPY_FILE_RANGE => size_of::<CopyFileRangeIn>(),
         FUSE_SYNCFS => size_of::<SyncfsIn>(),
+        wire::FUSE_STATX => wire::STATX_IN_LEN,
         _ => 0,
     }
 }

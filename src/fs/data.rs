@@ -453,6 +453,15 @@ impl FileReadWriteVolatile for CephIo<'_> {
 }
 
 impl crate::server::wire::ExtraOps for CephFs {
+    fn statx(
+        &self,
+        ctx: &Context,
+        ino: u64,
+    ) -> io::Result<(libc::stat64, crate::server::wire::Btime, Duration)> {
+        let ctx = &self.caller(ctx)?;
+        self.do_statx(ctx, ino)
+    }
+
     fn copy_file_range(
         &self,
         ctx: &Context,

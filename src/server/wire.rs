@@ -87,6 +87,13 @@ pub fn error_header(unique: u64, errno: i32) -> fuse_backend_rs::abi::fuse_abi::
     }
 }
 
+/// Size of `struct fuse_statx_in` (getattr_flags, reserved, fh, sx_flags, sx_mask).
+pub const STATX_IN_LEN: usize = 24;
+
+/// What FUSE_STATX answers besides the stat: the birth time (seconds, nanoseconds) when the
+/// filesystem keeps one.
+pub type Btime = Option<(i64, u32)>;
+
 /// Operations fuse-backend-rs 0.14 does not dispatch; the filesystem implements them.
 ///
 /// Errors must be `io::Error::from_raw_os_error(errno)`: the errno goes to the guest unchanged.
@@ -109,6 +116,17 @@ pub trait ExtraOps {
 
     /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
     fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
+
+    /// FUSE_STATX (Linux 6.6+ sends it when a statx(2) asks for the birth time): GETATTR's
+    /// attributes and TTL, and the birth time. ENOSYS (the guest then asks GETATTR) unless
+    /// the filesystem keeps birth times.
+    fn statx(
+        &self,
+        _ctx: &Context,
+        _ino: u64,
+    ) -> io::Result<(libc::stat64, Btime, std::time::Duration)> {
+        Err(io::Error::from_raw_os_error(libc::ENOSYS))
+    }
 
     /// A reply carried ESHUTDOWN: the storage session behind the filesystem is gone (CephFS:
     /// this client was evicted and blocklisted).
