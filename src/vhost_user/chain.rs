@@ -1141,6 +1141,7 @@ pub(super) fn complete_locked<F>(
 
 /// Serve `r` and give its chain back: the whole trip, begun at `start`. Never panics on guest
 /// input. How long the server took, when it was called.
+#[allow(clippy::too_many_arguments)] // one request's parts, each from another place
 pub(super) fn complete<F>(
     server: &FuseServer<F>,
     vring: &Vring,
@@ -1149,27 +1150,18 @@ pub(super) fn complete<F>(
     generation: u64,
     queue: usize,
     start: Instant,
+    claim: Option<&Claim>,
 ) -> Option<Duration>
 where
     F: FileSystem<Inode = u64, Handle = u64> + ExtraOps + Send + Sync,
 {
-    let claim = r
-        .header
-        .filter(|h| {
-            r.fault.is_none()
-                && deadline::eligible(
-                    h.opcode,
-                    r.readable_len <= REQUEST_COPY,
-                    h.opcode != FUSE_READ && r.writable_len <= REPLY_COPY,
-                    r.writable_len,
-                )
-        })
-        .and_then(|h| {
-            deadline::register(h, &r.writable, r.head, generation, queue, vring, mem, start)
-        });
+    if claim.is_some_and(Claim::answered) {
+        // The timer answered it while it waited for a thread: nothing left to do.
+        return None;
+    }
     let live = Live::Check(vring, generation);
-    let outcome = serve(server, mem, r, live, queue, start, claim.as_deref());
-    if let Some(c) = &claim {
+    let outcome = serve(server, mem, r, live, queue, start, claim);
+    if let Some(c) = claim {
         // Every way out resolves the claim: a chain the timer answered is not given back twice.
         if !c.serve() {
             return outcome.took;
@@ -1178,6 +1170,37 @@ where
     let used = used_len(outcome.used, queue, r.head);
     give_back(vring, r.head, used, queue, generation);
     outcome.took
+}
+
+/// `--request-deadline`'s claim on `r`, popped at `popped` from ring `vring` of `queue`, when the
+/// bound is on and `r` is a request the timer may answer (`deadline`).
+pub(super) fn claim(
+    r: &Request,
+    generation: u64,
+    queue: usize,
+    vring: &Vring,
+    mem: &MemGuard,
+    popped: Instant,
+) -> Option<Arc<Claim>> {
+    let h = r.header.filter(|h| {
+        r.fault.is_none()
+            && deadline::eligible(
+                h.opcode,
+                r.readable_len <= REQUEST_COPY,
+                h.opcode != FUSE_READ && r.writable_len <= REPLY_COPY,
+                r.writable_len,
+            )
+    })?;
+    deadline::register(
+        h,
+        &r.writable,
+        r.head,
+        generation,
+        queue,
+        vring,
+        mem,
+        popped,
+    )
 }
 
 /// The used length of a served request: what was written, or 0 for a chain returned unanswered

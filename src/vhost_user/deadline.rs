@@ -121,6 +121,11 @@ impl Claim {
             Err(state) => state == SERVED,
         }
     }
+
+    /// Whether the timer has answered it already.
+    pub(super) fn answered(&self) -> bool {
+        self.state.load(Ordering::Acquire) == TIMED_OUT
+    }
 }
 
 /// The request being served, registered with the timer when the bound is on and the request
