@@ -3,8 +3,12 @@
 //!
 //! - FUSE_STATX: a statx(2) asking for the birth time gets CephFS's, the one another client's
 //!   statx reports through libcephfs.
+//! - Backward reads: a reverse 4 KiB-stride scan of a file another client wrote (which the
+//!   daemon reads behind, src/fs/data.rs) reads its bytes, as a forward scan does.
 
 mod common;
+
+use std::ffi::CString;
 
 use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS, CEPH_STATX_BTIME};
 use common::{ceph_dir, ceph_lookup, run_guest_env, Daemon, Lab};
@@ -82,4 +86,58 @@ fn statx_in_the_guest_reports_the_birth_time_cephfs_keeps() {
         again.contains(&format!("btime={first} ")),
         "a write moved the birth time: {again}"
     );
+}
+
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+#[test]
+fn a_reverse_stride_scan_in_the_guest_reads_what_another_client_wrote() {
+    let lab = Lab::get();
+    let name = format!("feat-revread-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    // 16 MiB and a tail that is not a whole block: sixteen read-behind windows.
+    let len = (16 << 20) + 777;
+    let data: Vec<u8> = (0..len)
+        .map(|i: usize| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    {
+        let m = lab.ceph();
+        let d = ceph_dir(&m, &export);
+        let n = CString::new("big").unwrap();
+        let (_, _, f) = m
+            .create(
+                &d,
+                &n,
+                0o644,
+                libc::O_WRONLY | libc::O_CREAT,
+                CEPH_STATX_BASIC_STATS,
+                0,
+                &UserPerm::root(),
+            )
+            .unwrap();
+        let mut off = 0;
+        while off < data.len() {
+            off += f.write(off as u64, &data[off..]).unwrap();
+        }
+        f.fsync(false).unwrap();
+    }
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\n/opt/revread /mnt/big\n";
+    let adds = [(lab.guest_bin.join("revread"), "/opt/revread")];
+    let run = run_guest_env(&lab, &work, &daemon, script, &adds, 900, &KERNEL);
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    let want = format!("fnv={:016x} bytes={len}", fnv(&data));
+    for tag in ["REVREAD", "FWDREAD"] {
+        let line = run
+            .console
+            .lines()
+            .find(|l| l.starts_with(tag))
+            .unwrap_or_else(|| panic!("no {tag} line"));
+        assert_eq!(line, format!("{tag} {want}"), "{tag}: the bytes differ");
+    }
 }
