@@ -338,6 +338,15 @@ pub struct Args {
     #[arg(long)]
     pub allow_device_nodes: bool,
 
+    /// Answer a request whose CephFS call has not returned after SECS seconds with ETIMEDOUT
+    /// (as Linux's CephFS client answers an MDS request that ran out of time), log it, and drop
+    /// its late result. For guests with a FUSE request timeout (Linux 6.14+,
+    /// fs.fuse.default_request_timeout), which abort the whole mount when one request outlives
+    /// it: set SECS below that timeout. READ, WRITE and locks are not bounded. 0 = off.
+    /// Default: 0.
+    #[arg(long, value_name = "SECS")]
+    pub request_deadline: Option<u64>,
+
     // ---- logging ----
     /// Log level (RUST_LOG, when set, overrides it).
     #[arg(long, value_enum, value_name = "LEVEL")]

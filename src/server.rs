@@ -33,6 +33,7 @@ use crate::metrics;
 use crate::metrics::inflight::{self, RequestInfo};
 
 mod copied;
+mod late;
 #[cfg(libcephfs_nonblocking)]
 pub mod nonblocking;
 mod ops;
@@ -49,9 +50,11 @@ use crate::wire::{
 /// sees it. Linux `include/uapi/linux/fuse.h`: 7 (the old FUSE_BMAP slot) and 19 were never
 /// assigned; BMAP (37, block devices), IOCTL (39), POLL (40), NOTIFY_REPLY (41, we send no
 /// notifications) and SETUPMAPPING/REMOVEMAPPING (48, 49, DAX, not offered) are not served;
-/// TMPFILE (51), STATX (52) and later ones are unknown to fuse-backend-rs 0.14.
+/// TMPFILE (51) and later ones are unknown to fuse-backend-rs 0.14; STATX (52) is decoded by
+/// `copied` (the transport sends it there whenever its reply fits the private buffer, as
+/// Linux's 288-byte one does; with a larger room fuse-backend-rs answers ENOSYS).
 pub fn is_served(opcode: u32) -> bool {
-    matches!(opcode, 1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS)
+    matches!(opcode, 1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS | wire::FUSE_STATX)
 }
 
 thread_local! {
@@ -122,6 +125,12 @@ where
             fs,
             minor: AtomicU32::new(fuse_backend_rs::abi::fuse_abi::KERNEL_MINOR_VERSION),
         }
+    }
+
+    /// A reply the guest was not given (`--request-deadline` answered first): give back the
+    /// node references and handles it holds (`late`).
+    pub fn drop_late_reply(&self, header: &InHeader, reply: &[u8]) {
+        late::drop_reply(&*self.fs, header, reply);
     }
 
     /// Whether [`Self::serve_copied`] serves `opcode`: the transport then hands it the request
@@ -475,6 +484,7 @@ fn in_struct_len(opcode: u32) -> usize {
         46 => size_of::<LseekIn>(),
         FUSE_COPY_FILE_RANGE => size_of::<CopyFileRangeIn>(),
         FUSE_SYNCFS => size_of::<SyncfsIn>(),
+        wire::FUSE_STATX => wire::STATX_IN_LEN,
         _ => 0,
     }
 }

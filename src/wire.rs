@@ -83,6 +83,13 @@ pub fn error_header(unique: u64, errno: i32) -> fuse_backend_rs::abi::fuse_abi::
     }
 }
 
+/// Size of `struct fuse_statx_in` (getattr_flags, reserved, fh, sx_flags, sx_mask).
+pub const STATX_IN_LEN: usize = 24;
+
+/// What FUSE_STATX answers besides the stat: the birth time (seconds, nanoseconds) when the
+/// filesystem keeps one.
+pub type Btime = Option<(i64, u32)>;
+
 /// What the reply written to the guest says, read back after the server answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ReplyHead {

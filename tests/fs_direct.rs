@@ -424,3 +424,56 @@ fn nodes_over_held_inodes_release_their_inodes_and_find_them_again() {
     assert!(held <= 3, "{held} held after the requests");
     assert!(refound >= 24, "only {refound} inodes found again");
 }
+
+/// A backward scan (`tac`, a reverse 4 KiB stride), which the daemon reads ahead below
+/// (`read_behind`): every 4 KiB comes back as another client wrote it, in two backward scans
+/// one after the other, a forward one, and a backward one with a gap, over 3 MiB (three
+/// read-behind windows) and a tail that is not a whole block.
+#[test]
+fn backward_scans_read_what_another_client_wrote() {
+    let lab = Lab::get();
+    let name = format!("fs-backward-{}", std::process::id());
+    let fs = fs_for(&lab, &name);
+    let len = (3 << 20) + 1000;
+    let data: Vec<u8> = (0..len)
+        .map(|i: usize| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    {
+        let m = lab.ceph();
+        let d = common::ceph_dir(&m, &format!("/{name}"));
+        let (_, _, f) = m
+            .create(
+                &d,
+                &c("back"),
+                0o644,
+                libc::O_WRONLY | libc::O_CREAT,
+                ceph_client::CEPH_STATX_BASIC_STATS,
+                0,
+                &ceph_client::UserPerm::root(),
+            )
+            .unwrap();
+        let mut off = 0;
+        while off < data.len() {
+            off += f.write(off as u64, &data[off..]).unwrap();
+        }
+        f.fsync(false).unwrap();
+    }
+    let root = ctx(0, 0);
+    let ino = fs.lookup(&root, 1, &c("back")).unwrap().inode;
+    let (fh, _, _) = fs.open(&root, ino, libc::O_RDONLY as u32, 0).unwrap();
+    let fh = fh.unwrap();
+    let blocks = len.div_ceil(4096);
+    let read = |b: usize| {
+        let mut sink = Sink(Vec::new());
+        fs.read(&root, ino, fh, &mut sink, 4096, (b * 4096) as u64, None, 0)
+            .unwrap();
+        let want = &data[b * 4096..((b + 1) * 4096).min(len)];
+        assert!(sink.0 == want, "block {b}: the bytes differ");
+    };
+    for _ in 0..2 {
+        (0..blocks).rev().for_each(read);
+    }
+    (0..blocks).for_each(read);
+    (0..blocks).rev().step_by(3).for_each(read);
+    fs.release(&root, ino, 0, fh, false, false, None).unwrap();
+}

@@ -86,10 +86,10 @@ fn hostile_unknown_opcodes_get_enosys_and_the_daemon_keeps_serving() {
     let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
     let mut f = Failures::new();
     // 0, 7 and 19 are below 50 and have no variant in fuse-backend-rs's Opcode enum; from 51
-    // up nothing is assigned (50 is SYNCFS); 1 << 20 and FUSE_INIT << 24 are the byte-swapped
-    // reserved values.
+    // up nothing is served (50 is SYNCFS, 52 STATX: see the STATX test); 1 << 20 and FUSE_INIT
+    // << 24 are the byte-swapped reserved values.
     let mut ops: Vec<u32> = vec![0, 7, 19];
-    ops.extend(51..=64);
+    ops.extend((51..=64).filter(|&o| o != op::FUSE_STATX));
     ops.extend([
         100,
         1000,
@@ -114,6 +114,68 @@ fn hostile_unknown_opcodes_get_enosys_and_the_daemon_keeps_serving() {
             f.survived(&mut h, &what, &a);
         }
     }
+    f.assert_none(&daemon);
+}
+
+/// FUSE_STATX, which the daemon decodes itself (`server::copied`): a body shorter than
+/// `fuse_statx_in` gets EINVAL, unknown nodes an errno, a reply room shorter than
+/// `fuse_statx_out` is returned empty, a room larger than the private reply buffer ENOSYS (the
+/// guest then asks GETATTR); the export root's answer is a whole `fuse_statx_out` with the
+/// basic stats and the birth time.
+#[test]
+fn hostile_statx_short_bodies_small_rooms_and_unknown_nodes_are_refused() {
+    const ROOM: u32 = 16 + 288;
+    let lab = Lab::get();
+    let (daemon, export, _m) = hostile_daemon(&lab, "hostile-statx", &[]);
+    let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
+    let mut f = Failures::new();
+    let statx_in = Body::new().u32(0).u32(0).u64(0).u32(0).u32(0x7ff | 0x800).0;
+    for len in [0usize, 8, 23] {
+        let u = h.next_unique();
+        let a = h.raw(
+            1,
+            &request(op::FUSE_STATX, u, 1, None, &statx_in[..len]),
+            ROOM,
+        );
+        let what = format!("STATX with a {len}-byte body");
+        f.check(
+            errno_of(&a) == Some(libc::EINVAL),
+            format!("{what}: want EINVAL, got {a:?}"),
+        );
+        f.survived(&mut h, &what, &a);
+    }
+    for n in [0u64, 2, 4096, 1 << 32, u64::MAX] {
+        let u = h.next_unique();
+        let a = h.raw(1, &request(op::FUSE_STATX, u, n, None, &statx_in), ROOM);
+        let what = format!("STATX of node {n:#x}");
+        f.check(refused(&a), format!("{what}: want an errno, got {a:?}"));
+        f.survived(&mut h, &what, &a);
+    }
+    for room in [16u32, 100, ROOM - 1] {
+        let u = h.next_unique();
+        let a = h.raw(1, &request(op::FUSE_STATX, u, 1, None, &statx_in), room);
+        let what = format!("STATX with {room} bytes of reply room");
+        f.check(refused(&a), format!("{what}: want it refused, got {a:?}"));
+        f.survived(&mut h, &what, &a);
+    }
+    let u = h.next_unique();
+    let a = h.raw(1, &request(op::FUSE_STATX, u, 1, None, &statx_in), REPLY);
+    f.check(
+        errno_of(&a) == Some(libc::ENOSYS),
+        format!("STATX with {REPLY} bytes of room: want ENOSYS, got {a:?}"),
+    );
+    f.survived(&mut h, "STATX with a large room", &a);
+    let u = h.next_unique();
+    let a = h.raw(1, &request(op::FUSE_STATX, u, 1, None, &statx_in), ROOM);
+    let p = a.payload();
+    let mask = p
+        .get(32..36)
+        .map(|m| u32::from_le_bytes(m.try_into().unwrap()));
+    f.check(
+        errno_of(&a) == Some(0) && p.len() == 288 && mask == Some(0x7ff | 0x800),
+        format!("STATX of the export root: want 288 bytes, mask 0xfff, got {a:?}"),
+    );
+    f.survived(&mut h, "STATX of the export root", &a);
     f.assert_none(&daemon);
 }
 

@@ -807,6 +807,7 @@ fn qemu_example_is_the_harness_command_line() {
         "GUEST_FS_QUEUES",
         "GUEST_QEMU_ARGS",
         "GUEST_KERNEL_SUITE",
+        "GUEST_APPEND",
     ];
     for queues in [None, Some("2")] {
         // The harness, as tests/common/mod.rs runs it.

@@ -42,7 +42,8 @@ pub struct Args {
     pub rounds: usize,
     /// Comma-separated workloads: walk48, walk5, open-close, create-unlink, readdir5000,
     /// randwrite4k, seqwrite1m, seqread1m, stat-storm (= stat-storm-1,-4,-32), stat-storm-N, all;
-    /// randread4k (O_DIRECT random reads of the randwrite4k file) only when named.
+    /// randread4k (O_DIRECT random reads of the randwrite4k file), revread4k and fwdread4k
+    /// (buffered 4 KiB reads of the seqwrite1m file, backwards and forwards) only when named.
     #[arg(long, default_value = "all", value_delimiter = ',')]
     pub workload: Vec<String>,
     /// Write results (summary + per round) as JSON to this file.
@@ -102,6 +103,9 @@ pub struct Args {
     pub seq_mib: u64,
     #[arg(long, default_value_t = 4)]
     pub seq_depth: usize,
+    /// MiB of the seqwrite1m file revread4k and fwdread4k read, 4 KiB at a time.
+    #[arg(long, default_value_t = 100)]
+    pub stride_mib: u64,
     /// GETATTR requests per stat-storm run (total over all streams).
     #[arg(long, default_value_t = 50000)]
     pub stat_ops: usize,
@@ -284,6 +288,7 @@ impl TryFrom<Args> for Config {
             randwrite_depth: a.randwrite_depth,
             randwrite_file_mib: a.randwrite_file_mib,
             seq_mib: a.seq_mib,
+            stride_mib: a.stride_mib,
             seq_depth: a.seq_depth,
             stat_ops: a.stat_ops,
             stat_nodes: a.stat_nodes,

@@ -22,6 +22,8 @@ pub struct Params {
     pub randwrite_file_mib: u64,
     pub seq_mib: u64,
     pub seq_depth: usize,
+    /// MiB of the seq file `revread4k` and `fwdread4k` read.
+    pub stride_mib: u64,
     pub stat_ops: usize,
     pub stat_nodes: usize,
     pub seed: u64,
@@ -40,6 +42,11 @@ pub enum Workload {
     Randread4k,
     Seqwrite1m,
     Seqread1m,
+    /// Buffered 4 KiB reads of the first `stride_mib` of the seqwrite1m file, one at a time,
+    /// from its end to its start (`tac`, a backward scan), and the same forwards for
+    /// comparison (neither in `all`: docs/benchmarks.md, "Backward reads").
+    Revread4k,
+    Fwdread4k,
     StatStorm(usize),
 }
 
@@ -72,6 +79,8 @@ impl Workload {
             Workload::Randread4k => "randread4k".into(),
             Workload::Seqwrite1m => "seqwrite1m".into(),
             Workload::Seqread1m => "seqread1m".into(),
+            Workload::Revread4k => "revread4k".into(),
+            Workload::Fwdread4k => "fwdread4k".into(),
             Workload::StatStorm(n) => format!("stat-storm-{n}"),
         }
     }
@@ -97,7 +106,11 @@ impl Workload {
         }
         Self::all()
             .into_iter()
-            .chain([Workload::Randread4k])
+            .chain([
+                Workload::Randread4k,
+                Workload::Revread4k,
+                Workload::Fwdread4k,
+            ])
             .find(|w| w.name() == s)
             .map(|w| vec![w])
     }
@@ -110,6 +123,8 @@ impl Workload {
                 | Workload::Randread4k
                 | Workload::Seqwrite1m
                 | Workload::Seqread1m
+                | Workload::Revread4k
+                | Workload::Fwdread4k
         )
     }
 }
@@ -588,6 +603,39 @@ fn with_open<T>(
     r
 }
 
+/// 4 KiB buffered reads of the seq file's first `stride_mib`, one in flight (as `tac` or a
+/// reverse-stride scan issues them), backwards or forwards: what the client's readahead makes
+/// of a backward scan, against the forward one. The file is seqwrite1m's; run that first (its
+/// last 200 MiB may still be in the target's cache, its first ones are not).
+fn stride_read(
+    b: &mut dyn Backend,
+    p: &Params,
+    reverse: bool,
+    probe: Probe,
+) -> Result<Sample, WorkloadError> {
+    let blocks = (p.stride_mib << 20) / 4096;
+    let user = p.user;
+    let name = if reverse { "revread4k" } else { "fwdread4k" };
+    with_open(b, p, "seq", libc::O_RDONLY, |b, node, fh| {
+        let make = move |i: usize| {
+            let k = (i as u64).min(blocks.saturating_sub(1));
+            let block = if reverse { blocks - 1 - k } else { k };
+            Op::Read {
+                node,
+                fh,
+                offset: block * 4096,
+                len: 4096,
+            }
+        };
+        let before = probe();
+        let count = usize::try_from(blocks).unwrap_or(usize::MAX);
+        let batch = b.pipeline(user, 1, count, &make).map_err(step(name))?;
+        let mut s = Sample::from_batch(batch, 1);
+        s.mds_requests = delta(before, probe());
+        Ok(s)
+    })
+}
+
 fn randwrite(b: &mut dyn Backend, p: &Params, probe: Probe) -> Result<Sample, WorkloadError> {
     let blocks = (p.randwrite_file_mib << 20) / 4096;
     let seed = p.seed;
@@ -756,6 +804,8 @@ pub fn run(
         Workload::Randread4k => return randread(b, p, probe),
         Workload::Seqwrite1m => return seq(b, p, true, probe),
         Workload::Seqread1m => return seq(b, p, false, probe),
+        Workload::Revread4k => return stride_read(b, p, true, probe),
+        Workload::Fwdread4k => return stride_read(b, p, false, probe),
         Workload::StatStorm(n) => return stat_storm(b, p, n, probe),
     }?;
     s.mds_requests = delta(before, probe());

@@ -92,6 +92,8 @@ pub struct FileFuse {
     pub held_inodes: Option<usize>,
     pub snapshots: Option<cli::Snapshots>,
     pub allow_device_nodes: Option<bool>,
+    /// `--request-deadline`.
+    pub request_deadline: Option<u64>,
     /// `--readonly`.
     pub readonly: Option<bool>,
 }

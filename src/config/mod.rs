@@ -134,6 +134,8 @@ pub struct GuestLimits {
     pub held_inodes: usize,
     pub snapshots: SnapshotPolicy,
     pub allow_device_nodes: bool,
+    /// `--request-deadline`; `None` = off.
+    pub request_deadline: Option<Duration>,
 }
 
 /// Where metrics are served and where libcephfs's admin socket (for MDS health) is.
@@ -677,6 +679,11 @@ fn fuse_config(args: &Args, legacy: &Legacy, file: FileFuse) -> Result<FuseConfi
             .unwrap_or(cli::Snapshots::ReadOnly)
             .into(),
         allow_device_nodes: args.allow_device_nodes || file.allow_device_nodes.unwrap_or(false),
+        request_deadline: args
+            .request_deadline
+            .or(file.request_deadline)
+            .filter(|&s| s > 0)
+            .map(Duration::from_secs),
     };
     Ok(FuseConfig {
         cache: args
@@ -1008,10 +1015,11 @@ mod tests {
                 held_inodes: crate::fs::limits::DEFAULT_HELD_INODES,
                 snapshots: SnapshotPolicy::ReadOnly,
                 allow_device_nodes: false,
+                request_deadline: None,
             }
         );
         let file: FileConfig = toml::from_str(
-            "[fuse]\nmax-nodes = 10\nmax-handles = 20\nheld-inodes = 40\nsnapshots = \"hidden\"\nallow-device-nodes = true\n",
+            "[fuse]\nmax-nodes = 10\nmax-handles = 20\nheld-inodes = 40\nsnapshots = \"hidden\"\nallow-device-nodes = true\nrequest-deadline = 8\n",
         )
         .unwrap();
         let args = Args::try_parse_from([
@@ -1035,6 +1043,7 @@ mod tests {
                 held_inodes: 50,
                 snapshots: SnapshotPolicy::ReadWrite,
                 allow_device_nodes: true,
+                request_deadline: Some(Duration::from_secs(8)),
             }
         );
         for bad in [

@@ -200,6 +200,32 @@ impl CephFs {
         ))
     }
 
+    /// [`Self::do_getattr`] with the birth time CephFS keeps (`CEPH_STATX_BTIME`), for STATX.
+    pub(super) fn do_statx(
+        &self,
+        ctx: &Caller,
+        inode: u64,
+    ) -> io::Result<(stat64, crate::wire::Btime, Duration)> {
+        let node = self.node_op(inode, "statx", ctx)?;
+        let st = self.mount().getattr(
+            &*self.inode(&node)?,
+            WANT | ceph_client::CEPH_STATX_BTIME,
+            0,
+            &self.perm(ctx),
+        )?;
+        let btime = (st.stx_mask & ceph_client::CEPH_STATX_BTIME != 0)
+            .then(|| {
+                let t = &st.stx_btime;
+                Some((t.tv_sec, u32::try_from(t.tv_nsec).ok()?))
+            })
+            .flatten();
+        Ok((
+            to_stat(&st, &self.cfg.idmap),
+            btime,
+            self.policy.ttl(self.class(&node)).attr,
+        ))
+    }
+
     pub(super) fn do_setattr(
         &self,
         ctx: &Caller,

@@ -3,7 +3,7 @@
 
 use std::ffi::CStr;
 use std::io;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 use ceph_client::{File, Inode};
@@ -52,6 +52,12 @@ pub struct OpenFile {
     /// anyway): a READ asks its size without going through the node, whose reference
     /// `--held-inodes` may have released.
     pub(super) inode: Arc<Inode>,
+    /// A backward scan through this handle ([`CephFs::read_behind`]): where the last READ
+    /// began (`u64::MAX`: none yet), how many READs in a row ended just below the one before,
+    /// and the lowest offset already read ahead below them.
+    pub(super) last_read: AtomicU64,
+    pub(super) descents: AtomicU64,
+    pub(super) behind_low: AtomicU64,
 }
 
 impl OpenFile {
@@ -78,6 +84,9 @@ impl OpenFile {
             opener,
             node: node.clone(),
             inode,
+            last_read: AtomicU64::new(u64::MAX),
+            descents: AtomicU64::new(0),
+            behind_low: AtomicU64::new(u64::MAX),
         })
     }
 }

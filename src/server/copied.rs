@@ -33,8 +33,9 @@ use vm_memory::ByteValued;
 use super::Servable;
 use super::{FuseServer, ServerError};
 use crate::wire::{
-    FUSE_ACCESS, FUSE_BATCH_FORGET, FUSE_FLUSH, FUSE_FORGET, FUSE_GETATTR, FUSE_LOOKUP, FUSE_OPEN,
-    FUSE_OPENDIR, FUSE_READDIRPLUS, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_STATFS,
+    Btime, FUSE_ACCESS, FUSE_BATCH_FORGET, FUSE_FLUSH, FUSE_FORGET, FUSE_GETATTR, FUSE_LOOKUP,
+    FUSE_OPEN, FUSE_OPENDIR, FUSE_READDIRPLUS, FUSE_RELEASE, FUSE_RELEASEDIR, FUSE_STATFS,
+    FUSE_STATX, STATX_IN_LEN,
 };
 
 /// fuse-backend-rs's `BUFFER_HEADER_SIZE` (private there): a request declaring more than
@@ -48,7 +49,8 @@ const NEGATIVE_ENTRY_MINOR: u32 = 4;
 pub fn serves(opcode: u32) -> bool {
     matches!(
         opcode,
-        FUSE_LOOKUP
+        FUSE_STATX
+            | FUSE_LOOKUP
             | FUSE_FORGET
             | FUSE_GETATTR
             | FUSE_OPEN
@@ -61,6 +63,73 @@ pub fn serves(opcode: u32) -> bool {
             | FUSE_BATCH_FORGET
             | FUSE_READDIRPLUS
     )
+}
+
+/// Size of `struct fuse_statx_out`: attr_valid, attr_valid_nsec, flags, spare[2], then the
+/// 256-byte `struct fuse_statx`.
+const STATX_OUT_LEN: usize = 32 + 256;
+/// statx(2)'s STATX_BASIC_STATS and STATX_BTIME (`include/uapi/linux/stat.h`).
+const STATX_BASIC_STATS: u32 = 0x7ff;
+const STATX_BTIME: u32 = 0x800;
+
+/// `struct fuse_statx_out` for `st` (Linux `include/uapi/linux/fuse.h`), birth time included
+/// when known: every field little endian at its offset, the spares zero.
+fn statx_out(st: &libc::stat64, btime: Btime, ttl: std::time::Duration) -> [u8; STATX_OUT_LEN] {
+    fn put(b: &mut [u8; STATX_OUT_LEN], at: usize, v: &[u8]) {
+        if let Some(d) = b.get_mut(at..at + v.len()) {
+            d.copy_from_slice(v);
+        }
+    }
+    fn time(b: &mut [u8; STATX_OUT_LEN], at: usize, sec: i64, nsec: i64) {
+        put(b, at, &sec.to_le_bytes());
+        put(b, at + 8, &u32::try_from(nsec).unwrap_or(0).to_le_bytes());
+    }
+    let mut b = [0u8; STATX_OUT_LEN];
+    put(&mut b, 0, &ttl.as_secs().to_le_bytes());
+    put(&mut b, 8, &ttl.subsec_nanos().to_le_bytes());
+    // struct fuse_statx at 32.
+    let x = 32;
+    let mask = STATX_BASIC_STATS | if btime.is_some() { STATX_BTIME } else { 0 };
+    put(&mut b, x, &mask.to_le_bytes());
+    put(
+        &mut b,
+        x + 4,
+        &u32::try_from(st.st_blksize).unwrap_or(0).to_le_bytes(),
+    );
+    put(
+        &mut b,
+        x + 16,
+        &u32::try_from(st.st_nlink).unwrap_or(u32::MAX).to_le_bytes(),
+    );
+    put(&mut b, x + 20, &st.st_uid.to_le_bytes());
+    put(&mut b, x + 24, &st.st_gid.to_le_bytes());
+    put(
+        &mut b,
+        x + 28,
+        &u16::try_from(st.st_mode & 0xffff)
+            .unwrap_or(0)
+            .to_le_bytes(),
+    );
+    put(&mut b, x + 32, &st.st_ino.to_le_bytes());
+    put(
+        &mut b,
+        x + 40,
+        &u64::try_from(st.st_size).unwrap_or(0).to_le_bytes(),
+    );
+    put(
+        &mut b,
+        x + 48,
+        &u64::try_from(st.st_blocks).unwrap_or(0).to_le_bytes(),
+    );
+    time(&mut b, x + 64, st.st_atime, st.st_atime_nsec);
+    if let Some((sec, nsec)) = btime {
+        time(&mut b, x + 80, sec, i64::from(nsec));
+    }
+    time(&mut b, x + 96, st.st_ctime, st.st_ctime_nsec);
+    time(&mut b, x + 112, st.st_mtime, st.st_mtime_nsec);
+    put(&mut b, x + 128, &libc::major(st.st_rdev).to_le_bytes());
+    put(&mut b, x + 132, &libc::minor(st.st_rdev).to_le_bytes());
+    b
 }
 
 /// A reply being written into the private buffer.
@@ -218,6 +287,17 @@ where
                     .collect();
                 fs.batch_forget(ctx, forgets);
                 Ok(0)
+            }
+            FUSE_STATX => {
+                // fuse_statx_in's flags and handle change nothing here: attributes come from
+                // the node, as for GETATTR.
+                if body.len() < STATX_IN_LEN {
+                    return out.errno(libc::EINVAL);
+                }
+                match fs.statx(ctx, node) {
+                    Ok((st, btime, ttl)) => out.ok(&statx_out(&st, btime, ttl)),
+                    Err(e) => out.error(&e),
+                }
             }
             FUSE_GETATTR => {
                 let Some(GetattrIn { flags, fh, .. }) = read_obj(body) else {

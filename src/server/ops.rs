@@ -48,6 +48,17 @@ pub trait WireOps {
 
     /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
     fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
+
+    /// FUSE_STATX (Linux 6.6+ sends it when a statx(2) asks for the birth time): GETATTR's
+    /// attributes and TTL, and the birth time. ENOSYS (the guest then asks GETATTR) unless
+    /// the filesystem keeps birth times.
+    fn statx(
+        &self,
+        _ctx: &Context,
+        _ino: u64,
+    ) -> io::Result<(libc::stat64, crate::wire::Btime, std::time::Duration)> {
+        Err(io::Error::from_raw_os_error(libc::ENOSYS))
+    }
 }
 
 /// The storage session behind the filesystem. The defaults are those of a filesystem that

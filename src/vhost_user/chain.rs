@@ -49,10 +49,11 @@ use vm_memory::{
     GuestRegionMmap, MemoryRegionAddress, MmapRegion, VolatileSlice,
 };
 
+use super::deadline::{self, Claim};
 use super::ring::Permit;
 use super::{GuestBitmap, GuestMem, MemGuard, Vring};
 use crate::metrics;
-use crate::server::{FuseServer, Servable, ServerError};
+use crate::server::{FuseServer, Servable, Served, ServerError};
 use crate::wire::{FUSE_READ, FUSE_WRITE, REPLY_HEAD_LEN};
 use vhost_user_backend::VringState;
 
@@ -125,6 +126,8 @@ pub enum ChainError {
     Server(#[source] ServerError),
     #[error("The ring stopped after the request was taken")]
     Stopped,
+    #[error("The request was answered at --request-deadline before it was served")]
+    Late,
 }
 
 /// How [`serve`] knows the request's ring still runs when it touches guest memory: after a stop
@@ -409,7 +412,7 @@ fn copy_in(
 }
 
 /// Copy `src` into the writable buffers, in order.
-fn copy_out(
+pub(super) fn copy_out(
     mem: &GuestMemoryMmap<GuestBitmap>,
     bufs: &[Buf],
     mut src: &[u8],
@@ -544,6 +547,7 @@ pub(super) fn serve<F>(
     live: Live<'_>,
     queue: usize,
     start: Instant,
+    claim: Option<&Claim>,
 ) -> Outcome
 where
     F: Servable,
@@ -562,9 +566,21 @@ where
             && r.readable_len <= REQUEST_COPY
             && r.writable_len <= REPLY_COPY
         {
-            serve_copied(server, mem, r, header, &mut p, Trip { live, queue, start })
+            let trip = Trip {
+                live,
+                queue,
+                start,
+                claim,
+            };
+            serve_copied(server, mem, r, header, &mut p, trip)
         } else {
-            serve_mapped(server, mem, r, header, &mut p, Trip { live, queue, start })
+            let trip = Trip {
+                live,
+                queue,
+                start,
+                claim,
+            };
+            serve_mapped(server, mem, r, header, &mut p, trip)
         }
     })
 }
@@ -575,6 +591,15 @@ struct Trip<'a> {
     live: Live<'a>,
     queue: usize,
     start: Instant,
+    /// `--request-deadline`: the serving thread answers only if the timer has not.
+    claim: Option<&'a Claim>,
+}
+
+impl Trip<'_> {
+    /// Whether this thread still answers the request (no claim: always).
+    fn answers(&self) -> bool {
+        self.claim.map_or(true, Claim::serve)
+    }
 }
 
 /// What [`serve`] did: the bytes written to the guest (or why the chain goes back
@@ -619,6 +644,15 @@ where
     }
     let reply = grown(reply, r.writable_len);
     let served = server.serve_copied(header, request, reply, trip.queue, trip.start);
+    if !trip.answers() {
+        if let Ok(n) = served.written {
+            server.drop_late_reply(&header, reply.get(..n).unwrap_or(&[]));
+        }
+        return Outcome {
+            used: Err(ChainError::Late),
+            took: Some(served.took),
+        };
+    }
     let used = served.written.map_err(ChainError::Server).and_then(|n| {
         let out = reply.get(..n).unwrap_or(&[]);
         trip.live
@@ -702,6 +736,21 @@ where
             })
         },
     );
+    if private_reply && !trip.answers() {
+        if let Ok(Served { written: Ok(n), .. }) = &served {
+            let mut late = vec![0u8; *n];
+            if region
+                .read_slice(&mut late, MemoryRegionAddress(REPLY_AT))
+                .is_ok()
+            {
+                server.drop_late_reply(&header, &late);
+            }
+        }
+        return Outcome {
+            used: Err(ChainError::Late),
+            took: served.as_ref().ok().map(|s| s.took),
+        };
+    }
     let outcome = match served {
         Ok(served) => Outcome {
             used: live
@@ -1084,13 +1133,14 @@ pub(super) fn complete_locked<F>(
 ) where
     F: Servable,
 {
-    let outcome = serve(server, mem, r, Live::Locked, queue, Instant::now());
+    let outcome = serve(server, mem, r, Live::Locked, queue, Instant::now(), None);
     let used = used_len(outcome.used, queue, r.head);
     used_ring(state, r.head, used, queue);
 }
 
 /// Serve `r` and give its chain back: the whole trip, begun at `start`. Never panics on guest
 /// input. How long the server took, when it was called.
+#[allow(clippy::too_many_arguments)] // one request's parts, each from another place
 pub(super) fn complete<F>(
     server: &FuseServer<F>,
     vring: &Vring,
@@ -1099,14 +1149,57 @@ pub(super) fn complete<F>(
     generation: u64,
     queue: usize,
     start: Instant,
+    claim: Option<&Claim>,
 ) -> Option<Duration>
 where
     F: Servable,
 {
-    let outcome = serve(server, mem, r, Live::Check(vring, generation), queue, start);
+    if claim.is_some_and(Claim::answered) {
+        // The timer answered it while it waited for a thread: nothing left to do.
+        return None;
+    }
+    let live = Live::Check(vring, generation);
+    let outcome = serve(server, mem, r, live, queue, start, claim);
+    if let Some(c) = claim {
+        // Every way out resolves the claim: a chain the timer answered is not given back twice.
+        if !c.serve() {
+            return outcome.took;
+        }
+    }
     let used = used_len(outcome.used, queue, r.head);
     give_back(vring, r.head, used, queue, generation);
     outcome.took
+}
+
+/// `--request-deadline`'s claim on `r`, popped at `popped` from ring `vring` of `queue`, when the
+/// bound is on and `r` is a request the timer may answer (`deadline`).
+pub(super) fn claim(
+    r: &Request,
+    generation: u64,
+    queue: usize,
+    vring: &Vring,
+    mem: &MemGuard,
+    popped: Instant,
+) -> Option<Arc<Claim>> {
+    let h = r.header.filter(|h| {
+        r.fault.is_none()
+            && deadline::eligible(
+                h.opcode,
+                r.readable_len <= REQUEST_COPY,
+                h.opcode != FUSE_READ && r.writable_len <= REPLY_COPY,
+                r.writable_len,
+            )
+    })?;
+    deadline::register(
+        h,
+        &r.writable,
+        r.head,
+        generation,
+        queue,
+        vring,
+        mem,
+        popped,
+    )
 }
 
 /// The used length of a served request: what was written, or 0 for a chain returned unanswered
@@ -1122,6 +1215,8 @@ pub(super) fn used_len(result: Result<usize, ChainError>, queue: usize, head: u1
         }),
         // Not answered at all: `give_back` sees the stop too and counts it.
         Err(ChainError::Stopped) => 0,
+        // Answered by the timer already; the caller does not give it back.
+        Err(ChainError::Late) => 0,
         Err(e) => {
             if !matches!(e, ChainError::Server(_)) {
                 metrics::global().record_malformed();

@@ -47,6 +47,7 @@ use crate::server::{FuseServer, Servable};
 
 mod chain;
 mod cost;
+mod deadline;
 mod device;
 #[cfg(libcephfs_nonblocking)]
 mod nonblocking;
@@ -59,6 +60,7 @@ mod transfer;
 
 pub use chain::ChainError;
 use cost::ServeCost;
+pub use deadline::set_request_deadline;
 use pool::{PoolLimits, WorkerPool};
 use queues::QueuePoll;
 use rescue::InlineWatch;

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::sync::atomic::Ordering;
-use std::sync::{PoisonError, Weak};
+use std::sync::{Arc, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, warn};
@@ -14,6 +14,7 @@ use vm_memory::{Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap
 
 use super::chain::{self, Request};
 use super::cost::ServeCost;
+use super::deadline::Claim;
 use super::pool::WorkerPool;
 use super::session::InFlightGuard;
 use super::{
@@ -130,6 +131,8 @@ where
                 break;
             };
             let pending = Pending {
+                // Served under the ring's lock: never answered early.
+                claim: None,
                 in_flight: self.inner.in_flight.enter(),
                 depth: metrics::global().queue_enter(queue),
                 generation,
@@ -169,7 +172,11 @@ where
             drop(state);
             (chain::walk(&guard, table, size, head), generation)
         };
+        // From here on the request counts against --request-deadline, waiting for a thread
+        // included.
+        let claim = chain::claim(&request, generation, queue, vring, &guard, Instant::now());
         Some(Pending {
+            claim,
             in_flight: self.inner.in_flight.enter(),
             depth: metrics::global().queue_enter(queue),
             generation,
@@ -424,6 +431,8 @@ pub(super) struct Pending {
     /// runs and what the server does with it are both decided from this copy.
     pub(super) request: Request,
     pub(super) guard: MemGuard,
+    /// `--request-deadline`: who answers it, this request's thread or the timer.
+    pub(super) claim: Option<Arc<Claim>>,
 }
 
 impl Pending {
@@ -451,6 +460,7 @@ impl Pending {
             self.generation,
             queue,
             start,
+            self.claim.as_deref(),
         );
         if let Some(cost) = cost {
             cost.record(self.opcode(), took.unwrap_or_else(|| start.elapsed()));

@@ -1,0 +1,143 @@
+//! What newer guests ask for (issue #33), each in a real guest on Debian forky's kernel (the
+//! newest the lab fetches), checked through another CephFS client:
+//!
+//! - FUSE_STATX: a statx(2) asking for the birth time gets CephFS's, the one another client's
+//!   statx reports through libcephfs.
+//! - Backward reads: a reverse 4 KiB-stride scan of a file another client wrote (which the
+//!   daemon reads behind, src/fs/data.rs) reads its bytes, as a forward scan does.
+
+mod common;
+
+use std::ffi::CString;
+
+use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS, CEPH_STATX_BTIME};
+use common::{ceph_dir, ceph_lookup, run_guest_env, Daemon, Lab};
+
+/// The newest kernel: these features are Linux 6.6+ (STATX) and later.
+const KERNEL: [(&str, &str); 1] = [("GUEST_KERNEL_SUITE", "forky")];
+
+/// `STATX <path> mask=0x<hex> btime=<sec>.<nsec> ino=<ino>` lines of tests/guest/statx-btime.c.
+fn statx_line<'a>(console: &'a str, path: &str) -> (u32, &'a str) {
+    let line = console
+        .lines()
+        .find(|l| l.starts_with(&format!("STATX {path} ")))
+        .unwrap_or_else(|| panic!("no STATX line for {path}:\n{console}"));
+    let field = |k: &str| {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(k))
+            .unwrap_or_else(|| panic!("no {k} in {line}"))
+    };
+    let mask = u32::from_str_radix(field("mask=0x"), 16).unwrap();
+    (mask, field("btime="))
+}
+
+#[test]
+fn statx_in_the_guest_reports_the_birth_time_cephfs_keeps() {
+    let lab = Lab::get();
+    let name = format!("feat-statx-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    // A file and a directory made in the guest; a second statx after a write, which moves
+    // mtime and ctime but not the birth time.
+    let script = "#!/bin/sh\n\
+        echo one > /mnt/f && mkdir /mnt/d || exit 1\n\
+        /opt/statx-btime /mnt/f /mnt/d || exit 2\n\
+        sleep 1; echo two >> /mnt/f\n\
+        /opt/statx-btime /mnt/f | sed 's/^STATX /AGAIN /'\n";
+    let adds = [(lab.guest_bin.join("statx-btime"), "/opt/statx-btime")];
+    let run = run_guest_env(&lab, &work, &daemon, script, &adds, 600, &KERNEL);
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    let m = lab.ceph();
+    let dir = ceph_dir(&m, &export);
+    for (path, name) in [("/mnt/f", "f"), ("/mnt/d", "d")] {
+        let (mask, btime) = statx_line(&run.console, path);
+        assert!(
+            mask & 0x800 != 0,
+            "{path}: the guest's statx has no birth time (mask {mask:#x})"
+        );
+        let (ino, _) = ceph_lookup(&m, &dir, name).unwrap();
+        let st = m
+            .getattr(
+                &ino,
+                CEPH_STATX_BASIC_STATS | CEPH_STATX_BTIME,
+                0,
+                &UserPerm::root(),
+            )
+            .unwrap();
+        assert!(
+            st.stx_mask & CEPH_STATX_BTIME != 0,
+            "libcephfs has no btime"
+        );
+        let want = format!("{}.{:09}", st.stx_btime.tv_sec, st.stx_btime.tv_nsec);
+        assert_eq!(
+            btime, want,
+            "{path}: birth time in the guest vs another client"
+        );
+        println!("{path}: birth time {btime} in the guest and through libcephfs");
+    }
+    let again = run
+        .console
+        .lines()
+        .find(|l| l.starts_with("AGAIN /mnt/f "))
+        .expect("second statx");
+    let (_, first) = statx_line(&run.console, "/mnt/f");
+    assert!(
+        again.contains(&format!("btime={first} ")),
+        "a write moved the birth time: {again}"
+    );
+}
+
+fn fnv(data: &[u8]) -> u64 {
+    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100_0000_01b3)
+    })
+}
+
+#[test]
+fn a_reverse_stride_scan_in_the_guest_reads_what_another_client_wrote() {
+    let lab = Lab::get();
+    let name = format!("feat-revread-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    // 16 MiB and a tail that is not a whole block: sixteen read-behind windows.
+    let len = (16 << 20) + 777;
+    let data: Vec<u8> = (0..len)
+        .map(|i: usize| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    {
+        let m = lab.ceph();
+        let d = ceph_dir(&m, &export);
+        let n = CString::new("big").unwrap();
+        let (_, _, f) = m
+            .create(
+                &d,
+                &n,
+                0o644,
+                libc::O_WRONLY | libc::O_CREAT,
+                CEPH_STATX_BASIC_STATS,
+                0,
+                &UserPerm::root(),
+            )
+            .unwrap();
+        let mut off = 0;
+        while off < data.len() {
+            off += f.write(off as u64, &data[off..]).unwrap();
+        }
+        f.fsync(false).unwrap();
+    }
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\n/opt/revread /mnt/big\n";
+    let adds = [(lab.guest_bin.join("revread"), "/opt/revread")];
+    let run = run_guest_env(&lab, &work, &daemon, script, &adds, 900, &KERNEL);
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    let want = format!("fnv={:016x} bytes={len}", fnv(&data));
+    for tag in ["REVREAD", "FWDREAD"] {
+        let line = run
+            .console
+            .lines()
+            .find(|l| l.starts_with(tag))
+            .unwrap_or_else(|| panic!("no {tag} line"));
+        assert_eq!(line, format!("{tag} {want}"), "{tag}: the bytes differ");
+    }
+}
