@@ -208,15 +208,6 @@ where
         body: &[u8],
         out: &mut Out<'_>,
     ) -> Result<usize, ServerError> {
-        let fs = &*self.fs;
-        let node = header.nodeid;
-        // A body too short for its in-struct (the dispatch refused those already): FORGETs are
-        // never answered, the others get EINVAL, as fuse-backend-rs's refusal is answered.
-        let forget_decode = || {
-            ServerError::Fuse(fuse_backend_rs::Error::DecodeMessage(
-                io::Error::from_raw_os_error(libc::EINVAL),
-            ))
-        };
         if header.len > MAX_BUFFER_SIZE + BUFFER_HEADER_SIZE {
             if header.opcode == FUSE_FORGET || header.opcode == FUSE_BATCH_FORGET {
                 return Err(ServerError::Fuse(fuse_backend_rs::Error::InvalidMessage(
@@ -225,6 +216,30 @@ where
             }
             return out.errno(libc::ENOMEM);
         }
+        match header.opcode {
+            FUSE_LOOKUP => self.lookup_copied(header, ctx, body, out),
+            FUSE_FORGET | FUSE_BATCH_FORGET => self.forget_copied(header, ctx, body, out),
+            FUSE_STATX | FUSE_GETATTR | FUSE_STATFS | FUSE_ACCESS => {
+                self.attr_copied(header, ctx, body, out)
+            }
+            FUSE_OPEN | FUSE_OPENDIR | FUSE_RELEASE | FUSE_RELEASEDIR | FUSE_FLUSH => {
+                self.handle_copied(header, ctx, body, out)
+            }
+            FUSE_READDIRPLUS => self.readdirplus_copied(header, ctx, body, out),
+            _ => out.errno(libc::ENOSYS),
+        }
+    }
+
+    /// LOOKUP: the name is the declared body, up to its first NUL.
+    fn lookup_copied(
+        &self,
+        header: &InHeader,
+        ctx: &Context,
+        body: &[u8],
+        out: &mut Out<'_>,
+    ) -> Result<usize, ServerError> {
+        let fs = &*self.fs;
+        let node = header.nodeid;
         match header.opcode {
             FUSE_LOOKUP => {
                 // The declared body is the name (the dispatch checked it lies within the
@@ -254,6 +269,28 @@ where
                     Err(e) => out.error(&e),
                 }
             }
+            _ => out.errno(libc::ENOSYS),
+        }
+    }
+
+    /// FORGET and BATCH_FORGET: never answered (`Ok(0)`); a body too short is an error for the transport, as fuse-backend-rs refuses it.
+    fn forget_copied(
+        &self,
+        header: &InHeader,
+        ctx: &Context,
+        body: &[u8],
+        out: &mut Out<'_>,
+    ) -> Result<usize, ServerError> {
+        let fs = &*self.fs;
+        let node = header.nodeid;
+        // A body too short for its in-struct (the dispatch refused those already): FORGETs are
+        // never answered, the others get EINVAL, as fuse-backend-rs's refusal is answered.
+        let forget_decode = || {
+            ServerError::Fuse(fuse_backend_rs::Error::DecodeMessage(
+                io::Error::from_raw_os_error(libc::EINVAL),
+            ))
+        };
+        match header.opcode {
             FUSE_FORGET => {
                 let ForgetIn { nlookup } = read_obj(body).ok_or_else(forget_decode)?;
                 fs.forget(ctx, node, nlookup);
@@ -288,6 +325,21 @@ where
                 fs.batch_forget(ctx, forgets);
                 Ok(0)
             }
+            _ => out.errno(libc::ENOSYS),
+        }
+    }
+
+    /// The attribute requests: STATX, GETATTR, STATFS, ACCESS.
+    fn attr_copied(
+        &self,
+        header: &InHeader,
+        ctx: &Context,
+        body: &[u8],
+        out: &mut Out<'_>,
+    ) -> Result<usize, ServerError> {
+        let fs = &*self.fs;
+        let node = header.nodeid;
+        match header.opcode {
             FUSE_STATX => {
                 // fuse_statx_in's flags and handle change nothing here: attributes come from
                 // the node, as for GETATTR.
@@ -314,6 +366,34 @@ where
                     Err(e) => out.error(&e),
                 }
             }
+            FUSE_STATFS => match fs.statfs(ctx, node) {
+                Ok(st) => out.ok_obj(Kstatfs::from(st)),
+                Err(e) => out.error(&e),
+            },
+            FUSE_ACCESS => {
+                let Some(AccessIn { mask, .. }) = read_obj(body) else {
+                    return out.errno(libc::EINVAL);
+                };
+                match fs.access(ctx, node, mask) {
+                    Ok(()) => out.ok(&[]),
+                    Err(e) => out.error(&e),
+                }
+            }
+            _ => out.errno(libc::ENOSYS),
+        }
+    }
+
+    /// The handle requests: OPEN, OPENDIR, RELEASE, RELEASEDIR, FLUSH.
+    fn handle_copied(
+        &self,
+        header: &InHeader,
+        ctx: &Context,
+        body: &[u8],
+        out: &mut Out<'_>,
+    ) -> Result<usize, ServerError> {
+        let fs = &*self.fs;
+        let node = header.nodeid;
+        match header.opcode {
             FUSE_OPEN => {
                 let Some(OpenIn { flags, fuse_flags }) = read_obj(body) else {
                     return out.errno(libc::EINVAL);
@@ -340,10 +420,6 @@ where
                     Err(e) => out.error(&e),
                 }
             }
-            FUSE_STATFS => match fs.statfs(ctx, node) {
-                Ok(st) => out.ok_obj(Kstatfs::from(st)),
-                Err(e) => out.error(&e),
-            },
             FUSE_RELEASE => {
                 let Some(ReleaseIn {
                     fh,
@@ -380,16 +456,6 @@ where
                     Err(e) => out.error(&e),
                 }
             }
-            FUSE_ACCESS => {
-                let Some(AccessIn { mask, .. }) = read_obj(body) else {
-                    return out.errno(libc::EINVAL);
-                };
-                match fs.access(ctx, node, mask) {
-                    Ok(()) => out.ok(&[]),
-                    Err(e) => out.error(&e),
-                }
-            }
-            FUSE_READDIRPLUS => self.readdirplus_copied(header, ctx, body, out),
             _ => out.errno(libc::ENOSYS),
         }
     }
