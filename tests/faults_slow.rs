@@ -178,36 +178,6 @@ fn start(cluster: &PrivateCluster, name: &str) -> (Daemon, String, std::path::Pa
     (daemon, export, metrics)
 }
 
-fn mds_pid(cluster: &PrivateCluster) -> i32 {
-    let p = cluster.dir.join("pids/mds.a.pid");
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: kill(2) with a pid read from the cluster's pid file; no memory is involved.
-    let rc = unsafe { libc::kill(pid, sig) };
-    assert_eq!(
-        rc,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
-}
-
-/// Resumes a stopped MDS even when the test fails half-way, so the cluster can be stopped.
-struct Resume(i32);
-
-impl Drop for Resume {
-    fn drop(&mut self) {
-        // SAFETY: as in `signal`.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
-
 /// Turns the OSD's injected delay off even when the test fails half-way.
 struct Undelay<'a>(&'a PrivateCluster);
 
@@ -343,9 +313,7 @@ fn a_stalled_mds_holds_up_only_the_request_that_waits_for_it() {
     let mut h = Hostile::connect(&cluster.lab, &daemon, &export, &[]);
     let held = hold(&mut h);
 
-    let pid = mds_pid(&cluster);
-    signal(pid, libc::SIGSTOP);
-    let resume = Resume(pid);
+    let resume = cluster.stop_mds("a");
     let stopped = Instant::now();
     h.set_timeout_ms(PATIENCE_MS);
 

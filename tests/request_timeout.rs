@@ -71,36 +71,6 @@ exit $bad
     )
 }
 
-fn mds_pid(cluster: &PrivateCluster, id: &str) -> i32 {
-    let p = cluster.dir.join(format!("pids/mds.{id}.pid"));
-    std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
-fn signal(pid: i32, sig: i32) {
-    // SAFETY: kill(2) with a pid read from the cluster's pid file; no memory is involved.
-    let rc = unsafe { libc::kill(pid, sig) };
-    assert_eq!(
-        rc,
-        0,
-        "kill({pid}, {sig}): {}",
-        std::io::Error::last_os_error()
-    );
-}
-
-/// Resumes a stopped MDS even when the test fails half-way, so the cluster can be stopped.
-struct Resume(i32);
-
-impl Drop for Resume {
-    fn drop(&mut self) {
-        // SAFETY: as in `signal`.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
-
 fn daemon_args() -> Vec<String> {
     std::env::var("REQUEST_TIMEOUT_DAEMON_ARGS")
         .map(|s| s.split_whitespace().map(str::to_owned).collect())
@@ -198,10 +168,8 @@ fn report(run: &common::GuestRun, log: &str) {
 fn a_guest_with_a_request_timeout_through_a_stalled_mds() {
     let lab = Lab::get();
     let cluster = PrivateCluster::start(&lab, "rt-stall");
-    let pid = mds_pid(&cluster, "a");
     let (run, log) = run(&cluster, "rt-stall", || {
-        signal(pid, libc::SIGSTOP);
-        let _resume = Resume(pid);
+        let _stopped = cluster.stop_mds("a");
         std::thread::sleep(STALL);
     });
     report(&run, &log);
@@ -219,10 +187,8 @@ fn a_guest_with_a_request_timeout_through_a_stalled_mds() {
 fn a_guest_with_a_request_timeout_through_an_mds_failover() {
     let lab = Lab::get();
     let cluster = PrivateCluster::start_with(&lab, "rt-failover", &["--standby-mds"]);
-    let pid = mds_pid(&cluster, "a");
     let (run, log) = run(&cluster, "rt-failover", || {
-        signal(pid, libc::SIGSTOP);
-        let _resume = Resume(pid);
+        let _stopped = cluster.stop_mds("a");
         // Until the standby is active.
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -320,9 +286,7 @@ fn a_request_past_the_deadline_is_answered_etimedout_and_its_late_result_dropped
     let (names, _) = a.entry().unwrap_or_else(|| panic!("LOOKUP names: {a:?}"));
     let before = metric(&scrape_metrics(&metrics), INODES).expect("node count");
 
-    let pid = mds_pid(&cluster, "a");
-    signal(pid, libc::SIGSTOP);
-    let resume = Resume(pid);
+    let resume = cluster.stop_mds("a");
     // Patience well past the deadline: the answer must come while the MDS is stopped.
     h.set_timeout_ms(20_000);
     let getattr = h.getattr(names);

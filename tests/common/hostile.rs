@@ -509,12 +509,47 @@ pub fn hostile_daemon(lab: &Lab, name: &str, extra: &[&str]) -> (Daemon, String,
 
 /// A Ceph cluster of a test's own, for attacks that may take the MDS down (which must not end
 /// the shared lab cluster for every other test). Stopped when dropped.
+/// An MDS [`PrivateCluster::stop_mds`] stopped; dropping it resumes the MDS.
+pub struct StoppedMds(i32);
+
+impl Drop for StoppedMds {
+    fn drop(&mut self) {
+        // SAFETY: as in `PrivateCluster::stop_mds`.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
 pub struct PrivateCluster {
     pub dir: PathBuf,
     pub lab: Lab,
 }
 
 impl PrivateCluster {
+    /// The pid of the cluster's mds.`id`, from its pid file.
+    pub fn mds_pid(&self, id: &str) -> i32 {
+        let p = self.dir.join(format!("pids/mds.{id}.pid"));
+        std::fs::read_to_string(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    /// Stop mds.`id` (SIGSTOP) until the guard is dropped: it resumes the MDS (SIGCONT) even
+    /// when the test fails half-way, so the cluster can be stopped.
+    pub fn stop_mds(&self, id: &str) -> StoppedMds {
+        let pid = self.mds_pid(id);
+        // SAFETY: kill(2) with a pid read from the cluster's pid file; no memory is involved.
+        let rc = unsafe { libc::kill(pid, libc::SIGSTOP) };
+        assert_eq!(
+            rc,
+            0,
+            "kill({pid}, SIGSTOP): {}",
+            std::io::Error::last_os_error()
+        );
+        StoppedMds(pid)
+    }
+
     pub fn start(lab: &Lab, name: &str) -> PrivateCluster {
         Self::start_with(lab, name, &[])
     }
