@@ -140,7 +140,6 @@ pub fn serve_session<F: Exported>(
             thread_pool_size: config.thread_pool_size,
             poll: std::time::Duration::from_micros(config.poll_us),
             nonblocking: config.nonblocking_io,
-            request_deadline: config.guest.request_deadline,
         },
     )
     .map_err(DaemonError::Backend)?;
@@ -911,7 +910,6 @@ mod tests {
             thread_pool_size: 1,
             poll: std::time::Duration::ZERO,
             nonblocking: false,
-            request_deadline: None,
         };
         let backend = VhostUserFsBackend::new(fs, &options).unwrap_or_else(|e| panic!("{e}"));
         let state = Arc::new(Connections::default());

@@ -245,6 +245,7 @@ fn run(config: &Config) -> Result<(), RunError> {
             "Request deadline on: a request whose CephFS call outlives --request-deadline is answered ETIMEDOUT"
         );
     }
+    ceph_virtiofsd::vhost_user::set_request_deadline(config.guest.request_deadline);
     // daemon::serve drops privileges and installs seccomp once the socket is open.
     let served = daemon::serve_session(config, fs.clone(), took_over);
     // Idle worker threads may still hold the filesystem after a signal: unmount explicitly,

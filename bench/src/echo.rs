@@ -51,7 +51,6 @@ pub fn main(args: impl Iterator<Item = std::ffi::OsString>) -> ExitCode {
         thread_pool_size: cli.thread_pool_size,
         poll: Duration::from_micros(cli.poll_us),
         nonblocking: false,
-        request_deadline: None,
     };
     let backend = match VhostUserFsBackend::new(Arc::new(EchoFs::default()), &options) {
         Ok(b) => b,

@@ -1180,9 +1180,7 @@ pub(super) fn claim(
     vring: &Vring,
     mem: &MemGuard,
     popped: Instant,
-    bound: Option<Duration>,
 ) -> Option<Arc<Claim>> {
-    let bound = bound?;
     let h = r.header.filter(|h| {
         r.fault.is_none()
             && deadline::eligible(
@@ -1192,7 +1190,7 @@ pub(super) fn claim(
                 r.writable_len,
             )
     })?;
-    Some(deadline::register(
+    deadline::register(
         h,
         &r.writable,
         r.head,
@@ -1201,8 +1199,7 @@ pub(super) fn claim(
         vring,
         mem,
         popped,
-        bound,
-    ))
+    )
 }
 
 /// The used length of a served request: what was written, or 0 for a chain returned unanswered

@@ -42,7 +42,22 @@ fn op_name(opcode: u32) -> &'static str {
     crate::wire::opcode_name(usize::try_from(opcode).unwrap_or(usize::MAX))
 }
 
+/// The bound, in milliseconds; 0 = off. Set once at start (`set_request_deadline`).
+static BOUND_MS: AtomicU64 = AtomicU64::new(0);
 static TIMER: OnceLock<Arc<Timer>> = OnceLock::new();
+
+/// Turn the bound on (`Some`) or off for the requests served from now on.
+pub fn set_request_deadline(bound: Option<Duration>) {
+    let ms = bound.map_or(0, |b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
+    BOUND_MS.store(ms, Ordering::Release);
+}
+
+fn bound() -> Option<Duration> {
+    match BOUND_MS.load(Ordering::Acquire) {
+        0 => None,
+        ms => Some(Duration::from_millis(ms)),
+    }
+}
 
 /// Whether a request may be answered by the timer: see the module documentation.
 pub(super) fn eligible(
@@ -77,8 +92,6 @@ const TIMED_OUT: u8 = 2;
 pub(super) struct Claim {
     id: u64,
     state: AtomicU8,
-    /// When the request was popped, and when the timer answers it.
-    popped: Instant,
     due: Instant,
     header: InHeader,
     /// What the timer needs to answer: the guest's reply buffers and the chain's ring.
@@ -115,8 +128,8 @@ impl Claim {
     }
 }
 
-/// The request being served, registered with the timer, which answers it once `bound` has
-/// passed since `start` unless the serving thread answered first.
+/// The request being served, registered with the timer when the bound is on and the request
+/// may be answered early; `None` otherwise.
 #[allow(clippy::too_many_arguments)] // one request's parts, each from another place
 pub(super) fn register(
     header: InHeader,
@@ -127,13 +140,12 @@ pub(super) fn register(
     vring: &Vring,
     mem: &MemGuard,
     start: Instant,
-    bound: Duration,
-) -> Arc<Claim> {
+) -> Option<Arc<Claim>> {
+    let bound = bound()?;
     let timer = TIMER.get_or_init(Timer::start);
     let claim = Arc::new(Claim {
         id: timer.next.fetch_add(1, Ordering::Relaxed),
         state: AtomicU8::new(OPEN),
-        popped: start,
         due: start + bound,
         header,
         writable: writable.clone(),
@@ -144,7 +156,7 @@ pub(super) fn register(
         mem: mem.clone(),
     });
     timer.add(claim.clone());
-    claim
+    Some(claim)
 }
 
 /// The requests under the bound, and the thread that answers those past it.
@@ -228,7 +240,7 @@ impl Timer {
 /// Answer `c` ETIMEDOUT: the reply header into the guest's buffers, the chain to the used ring.
 fn answer(c: &Claim, now: Instant) {
     let h = &c.header;
-    let age = now.saturating_duration_since(c.popped);
+    let age = now.saturating_duration_since(c.due) + bound().unwrap_or_default();
     let out = error_header(h.unique, libc::ETIMEDOUT);
     let Some(permit) = c.vring.permit(c.generation) else {
         // The ring stopped: its requests are answered no more, by anyone.

@@ -60,6 +60,7 @@ mod transfer;
 
 pub use chain::ChainError;
 use cost::ServeCost;
+pub use deadline::set_request_deadline;
 use pool::{PoolLimits, WorkerPool};
 use queues::QueuePoll;
 use rescue::InlineWatch;
@@ -106,9 +107,6 @@ pub struct BackendOptions {
     /// (`--nonblocking-io`); only builds against libcephfs 20 and later have that path, the
     /// others serve everything the blocking way whatever this says.
     pub nonblocking: bool,
-    /// `--request-deadline`: a request whose call has not ended this long after it was popped
-    /// is answered ETIMEDOUT by a timer (`deadline`); `None` = off.
-    pub request_deadline: Option<Duration>,
 }
 
 /// Why the backend could not be created.
@@ -155,8 +153,6 @@ struct Inner<F: FileSystem + Send + Sync> {
     /// Each queue thread's exit event, made once per thread index and given to the handler of
     /// every connection (see `exit_event`).
     exit_events: Mutex<Vec<Option<(EventConsumer, EventNotifier)>>>,
-    /// See [`BackendOptions::request_deadline`].
-    request_deadline: Option<Duration>,
     /// The async READ/WRITE path (`nonblocking`), when on.
     #[cfg(libcephfs_nonblocking)]
     aio: Option<nonblocking::Async>,
@@ -230,7 +226,6 @@ where
                 logging: AtomicBool::new(false),
                 vrings: (0..=usize::from(q)).map(|_| Mutex::new(None)).collect(),
                 exit_events: Mutex::new(Vec::new()),
-                request_deadline: options.request_deadline,
                 #[cfg(libcephfs_nonblocking)]
                 aio: options.nonblocking.then(nonblocking::Async::default),
             }),

@@ -174,15 +174,7 @@ where
         };
         // From here on the request counts against --request-deadline, waiting for a thread
         // included.
-        let claim = chain::claim(
-            &request,
-            generation,
-            queue,
-            vring,
-            &guard,
-            Instant::now(),
-            self.inner.request_deadline,
-        );
+        let claim = chain::claim(&request, generation, queue, vring, &guard, Instant::now());
         Some(Pending {
             claim,
             in_flight: self.inner.in_flight.enter(),

@@ -608,7 +608,6 @@ fn backend(threads: usize, tag: Option<&str>) -> (VhostUserFsBackend<TestFs>, Ar
         thread_pool_size: threads,
         poll: Duration::ZERO,
         nonblocking: false,
-        request_deadline: None,
     };
     let backend = VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
     (backend, fs)
@@ -622,7 +621,6 @@ fn polling_backend() -> VhostUserFsBackend<TestFs> {
         thread_pool_size: 0,
         poll: Duration::from_secs(3),
         nonblocking: false,
-        request_deadline: None,
     };
     VhostUserFsBackend::new(Arc::new(TestFs::default()), &options).unwrap_or_else(|e| panic!("{e}"))
 }
@@ -1072,7 +1070,6 @@ fn rejects_bad_queue_count() {
         thread_pool_size: 0,
         poll: Duration::ZERO,
         nonblocking: false,
-        request_deadline: None,
     };
     assert!(matches!(
         VhostUserFsBackend::new(Arc::new(TestFs::default()), &options),

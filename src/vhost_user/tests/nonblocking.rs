@@ -173,7 +173,6 @@ fn async_backend(threads: usize) -> (VhostUserFsBackend<TestFs>, Arc<TestFs>) {
         thread_pool_size: threads,
         poll: Duration::ZERO,
         nonblocking: true,
-        request_deadline: None,
     };
     let backend = VhostUserFsBackend::new(fs.clone(), &options).unwrap_or_else(|e| panic!("{e}"));
     (backend, fs)
