@@ -189,6 +189,8 @@ pub enum ConfigError {
     BadCephOpt(String),
     #[error("Mount timeout must be at least 1 second")]
     BadMountTimeout,
+    #[error("--request-deadline {0} is more than a day ({MAX_REQUEST_DEADLINE_SECS} s): give it below the guest's FUSE request timeout, or 0 for off")]
+    BadRequestDeadline(u64),
     #[error("{0} must be {1}")]
     BadMemoryOption(&'static str, &'static str),
     #[error("Instance id {0:?} must be 1 to 64 letters, digits or . _ - : @ (e.g. the VM's name)")]
@@ -638,7 +640,15 @@ struct FuseConfig {
     guest: GuestLimits,
 }
 
+/// The longest `--request-deadline`: a day, far above any guest's request timeout. A bound
+/// near `u64::MAX` seconds would overflow the deadline's `Instant` on the first request.
+pub const MAX_REQUEST_DEADLINE_SECS: u64 = 86_400;
+
 fn fuse_config(args: &Args, legacy: &Legacy, file: FileFuse) -> Result<FuseConfig, ConfigError> {
+    let request_deadline = match args.request_deadline.or(file.request_deadline) {
+        Some(s) if s > MAX_REQUEST_DEADLINE_SECS => return Err(ConfigError::BadRequestDeadline(s)),
+        s => s.filter(|&s| s > 0).map(Duration::from_secs),
+    };
     let cli_xattr = if args.no_xattr {
         Some(false)
     } else if args.xattr {
@@ -679,11 +689,7 @@ fn fuse_config(args: &Args, legacy: &Legacy, file: FileFuse) -> Result<FuseConfi
             .unwrap_or(cli::Snapshots::ReadOnly)
             .into(),
         allow_device_nodes: args.allow_device_nodes || file.allow_device_nodes.unwrap_or(false),
-        request_deadline: args
-            .request_deadline
-            .or(file.request_deadline)
-            .filter(|&s| s > 0)
-            .map(Duration::from_secs),
+        request_deadline,
     };
     Ok(FuseConfig {
         cache: args
@@ -1256,6 +1262,19 @@ mod tests {
             parse(&["--fd", "3", "--mount-timeout", "0"]),
             Err(ConfigError::BadMountTimeout)
         ));
+        // Past a day the deadline's Instant could overflow: refused, never a panic later.
+        for bad in ["86401", "18446744073709551615"] {
+            assert!(
+                matches!(
+                    parse(&["--fd", "3", "--request-deadline", bad]),
+                    Err(ConfigError::BadRequestDeadline(_))
+                ),
+                "{bad}"
+            );
+        }
+        let c =
+            parse(&["--fd", "3", "--request-deadline", "86400"]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(c.guest.request_deadline, Some(Duration::from_secs(86_400)));
     }
 
     #[test]
