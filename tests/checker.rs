@@ -433,3 +433,22 @@ fn fscheck_replay_a_rename_out_of_an_exclusively_held_directory() {
         "--seed 4558096565492855208 --ops 158 --op-timeout 300 --max-time 1700000000",
     );
 }
+
+/// A divergence CI's checker found (2026-12-06), kept as a fixed replay: a symlink renamed
+/// over a hard-linked file (a rename done through the second session, src/fs/side.rs) and,
+/// 900 operations later, renamed back to its old name was missing from `ls` of that
+/// directory: the main session still held its old dentry, and libcephfs, finding it "with
+/// correct vino", left the directory's cached listing as it was (`SideClient::vacated`).
+/// Deterministic on the code before the fix: every replay diverged at operation 5,266.
+#[test]
+fn fscheck_replay_a_file_renamed_back_to_a_name_a_second_session_took() {
+    if !wanted("auto") {
+        println!("skipped (FSCHECK_MODES)");
+        return;
+    }
+    replay_is_clean(
+        "auto",
+        6,
+        "--seed 1990698627124805773 --ops 5267 --max-time 1700000000",
+    );
+}

@@ -472,10 +472,12 @@ impl CephFs {
                 RenameTarget::Same => return Ok(()),
                 // See `side`: through the main session, libcephfs would hide the other names.
                 RenameTarget::LinkedFile => {
-                    if let Some(r) =
-                        self.side
-                            .rename(old.vino.ino, oldname, new.vino.ino, newname, &perm)
-                    {
+                    if let Some(r) = self.side.rename(
+                        (old.vino.ino, oldname),
+                        (new.vino.ino, newname),
+                        from.stx_ino,
+                        &perm,
+                    ) {
                         r?;
                         self.renamed(&old, oldname, &new, newname, &from);
                         self.after_rename(&old, &new);
@@ -510,7 +512,27 @@ impl CephFs {
         self.renamed(&old, oldname, &new, newname, &from);
         self.after_rename(&old, &new);
         self.forget_stale_source(&old, oldname, from.stx_ino, &perm);
+        self.unhide_returned(&new, newname, from.stx_ino);
         Ok(())
+    }
+
+    /// After the main session put the file `ino` at `dir/name` (RENAME, LINK): if a rename
+    /// through the second session took that very name from that file, the main session's
+    /// cached listing of `dir` misses it ([`super::side::SideClient::vacated`]); a refresh of the
+    /// directory through the second session makes the MDS take back the main session's
+    /// shared cap on it, and the next listing asks the MDS.
+    fn unhide_returned(&self, dir: &Node, name: &CStr, ino: u64) {
+        if !self.side.vacated(dir.vino.ino, name, ino) {
+            return;
+        }
+        let refreshed = self.side.refresh_dir(dir.vino.ino, &self.perms.root());
+        tracing::debug!(
+            dir = dir.vino.ino,
+            ino,
+            refreshed = ?refreshed.as_ref().map(|r| r.as_ref().map_err(|e| e.to_string())),
+            "a file came back to a name a second-session rename took from it: directory \
+             refreshed"
+        );
     }
 
     /// After the guest renamed `oldname` in `old` (the inode `from`) to `newname` in `new`:
@@ -606,6 +628,7 @@ impl CephFs {
         self.mount()
             .link(&inode, &*self.inode(&parent)?, newname, &perm)?;
         let st = self.mount().getattr(&inode, WANT, 0, &perm)?;
+        self.unhide_returned(&parent, newname, st.stx_ino);
         // The new name is one more the node keeps (it may outlive the one it was found by).
         self.child_entry(
             &parent,

@@ -31,7 +31,8 @@
 //! `client_cache_size = 0` still left the caps of both directories of each rename with the
 //! MDS (`session ls`, 1.5 s after each of three renames).
 
-use std::ffi::CStr;
+use std::collections::VecDeque;
+use std::ffi::{CStr, CString};
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -87,10 +88,16 @@ impl Pace {
     }
 }
 
+/// Names a rename through a second session took from a file: how many are remembered.
+pub const VACATED: usize = 1024;
+
 /// Opens the short sessions; warns once if that fails (the caller then renames itself).
 #[derive(Debug)]
 pub struct SideClient {
     connect: Option<Connector>,
+    /// The source names of the renames done here, `(directory, name, file)`, newest last (see
+    /// [`SideClient::vacated`]).
+    vacated: Mutex<VecDeque<(u64, CString, u64)>>,
     warned: AtomicBool,
     /// One such session at a time: a guest renaming over hard links in a loop costs the
     /// cluster one extra session, not one per request in flight. Holds the pace.
@@ -110,6 +117,7 @@ impl SideClient {
     pub fn new(connect: Option<Connector>) -> Self {
         SideClient {
             connect,
+            vacated: Mutex::new(VecDeque::new()),
             warned: AtomicBool::new(false),
             one: Mutex::new(Pace::new(BURST, EVERY)),
             opened: AtomicU64::new(0),
@@ -163,24 +171,55 @@ impl SideClient {
         Some(r.map_err(io::Error::from))
     }
 
-    /// `rename(olddir/oldname, newdir/newname)` by inode numbers of head directories, through
-    /// a session of its own. `None`: no session could be opened (the caller renames itself).
+    /// `rename(olddir/oldname, newdir/newname)` of the file `moved` by inode numbers of head
+    /// directories, through a session of its own. `None`: no session could be opened (the
+    /// caller renames itself).
     pub fn rename(
         &self,
-        olddir: u64,
-        oldname: &CStr,
-        newdir: u64,
-        newname: &CStr,
+        (olddir, oldname): (u64, &CStr),
+        (newdir, newname): (u64, &CStr),
+        moved: u64,
         perm: &UserPerm,
     ) -> Option<io::Result<()>> {
-        self.with_session(|m| {
+        let r = self.with_session(|m| {
             let old = m.lookup_inode(olddir)?;
             if newdir == olddir {
                 return m.rename(&old, oldname, &old, newname, perm);
             }
             let new = m.lookup_inode(newdir)?;
             m.rename(&old, oldname, &new, newname, perm)
-        })
+        });
+        if matches!(r, Some(Ok(()))) {
+            let mut v = self.vacated.lock().unwrap_or_else(|e| e.into_inner());
+            if v.len() == VACATED {
+                v.pop_front();
+            }
+            v.push_back((olddir, oldname.to_owned(), moved));
+        }
+        r
+    }
+
+    /// Whether the main session may hold a stale name `dir/name` for the file `ino`, because
+    /// a rename here took that name from it; forgotten once asked. The main session keeps its
+    /// dentry of the old name, pointing at the file it still holds. When it later puts that
+    /// file back at that very name (a rename or a link), libcephfs finds the dentry "with
+    /// correct vino" and neither lists it in the directory's cached listing nor marks that
+    /// listing out of date: while the main session holds the directory as complete, its
+    /// listings miss the name (fscheck, cache auto, seed 1990698627124805773: a symlink
+    /// renamed over a hard-linked file, then back, was missing from `ls` of its directory).
+    /// The caller then refreshes the directory ([`SideClient::refresh_dir`]).
+    pub fn vacated(&self, dir: u64, name: &CStr, ino: u64) -> bool {
+        let mut v = self.vacated.lock().unwrap_or_else(|e| e.into_inner());
+        match v
+            .iter()
+            .position(|(d, n, i)| *d == dir && *i == ino && n.as_c_str() == name)
+        {
+            Some(at) => {
+                v.remove(at);
+                true
+            }
+            None => false,
+        }
     }
 
     /// Set the mtime of directory `dir` (a head inode number) through a session of its own,
@@ -248,7 +287,11 @@ mod tests {
         }
         // Without a connector nothing is opened or paced.
         let s = SideClient::default();
-        assert!(s.rename(1, c"a", 1, c"b", &UserPerm::root()).is_none());
+        assert!(s
+            .rename((1, c"a"), (1, c"b"), 7, &UserPerm::root())
+            .is_none());
         assert_eq!(s.sessions(), (0, 0));
+        // Nor is a name remembered as vacated by a rename that did not happen.
+        assert!(!s.vacated(1, c"a", 7));
     }
 }
