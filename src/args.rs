@@ -406,10 +406,11 @@ pub struct Args {
     pub mount_timeout: Option<u64>,
 
     /// libcephfs's object cache (file data it caches and buffers for writing), in MiB:
-    /// libcephfs's client_oc_size, and half of it its client_oc_max_dirty. The guest's page
-    /// cache is in front of it. 0 turns it off (client_oc=false: every read and write goes to
-    /// the OSDs). Default: 32 (libcephfs's own default, 200, costs each daemon that much RSS
-    /// after a large file went through it).
+    /// libcephfs's client_oc_size, and half of it its client_oc_max_dirty; its readahead
+    /// (client_readahead_max_bytes) reads at most a sixteenth of it ahead, 512 KiB to 8 MiB.
+    /// The guest's page cache is in front of it. 0 turns it off (client_oc=false: every read
+    /// and write goes to the OSDs). Default: 32 (libcephfs's own default, 200, costs each
+    /// daemon that much RSS after a large file went through it).
     #[arg(long, value_name = "MIB")]
     pub object_cache_mib: Option<u64>,
 

@@ -8,15 +8,19 @@
 //! batch behind them goes on meanwhile. Which ones wait is learnt, per opcode, from how long
 //! they have recently taken: an exponentially weighted mean of the serve time, updated by
 //! whichever thread served the request (lock-free; a racing update may be lost, which only
-//! delays the mean by one sample). Only the kinds this choice is made for are timed: not data
-//! requests and SETLKW, and nothing without a worker pool or on the hiprio queue.
+//! delays the mean by one sample). Only the kinds this choice is made for are timed: not the
+//! requests that go to a worker whatever their cost (WRITE, FSYNC, FALLOCATE, copies) and
+//! SETLKW, and nothing without a worker pool or on the hiprio queue.
 //!
 //! The rules, where a request of a batch runs (see `drain_queue`):
-//! - data requests and SETLKW go to a worker, whatever their cost (`Dispatch`);
+//! - WRITE, FSYNC, FALLOCATE, copies, SYNCFS and SETLKW go to a worker, whatever their cost
+//!   (`Dispatch`);
 //! - others whose opcode's mean is within [`INLINE_BUDGET`] are served at once by the queue
-//!   thread, in guest order;
+//!   thread, in guest order (READ too: a 4 KiB READ from libcephfs's object cache costs a few
+//!   microseconds, the hand-off to a worker about ten);
 //! - the rest go to a worker, except the last of the batch, which the queue thread serves
-//!   after handing the others out (nothing waits behind it).
+//!   after handing the others out (nothing waits behind it); not a READ, which may wait for
+//!   the OSDs.
 //!
 //! A kind never seen costs nothing yet: its first request is served inline, and a slow one
 //! moves the mean past the budget at once (one 1 ms MDS round trip counts for 125 µs).

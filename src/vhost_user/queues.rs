@@ -39,9 +39,11 @@ where
 {
     /// Pop every available chain of `vring` and dispatch it.
     ///
-    /// With a worker pool, requests that move data or wait for the OSDs (READ, WRITE, FSYNC,
-    /// …) always go to the pool: served here, one of them would keep the queue unread for a
-    /// whole OSD round trip. SETLKW may wait for another request of the same queue to
+    /// With a worker pool, requests that wait for the OSDs (FSYNC, FALLOCATE, …) always go to
+    /// the pool: served here, one of them would keep the queue unread for a whole OSD round
+    /// trip, and so do WRITEs. READs go there too unless their kind has been answering from
+    /// libcephfs's object cache lately (a 4 KiB cached READ costs a few microseconds, the
+    /// hand-off to a worker about ten). SETLKW may wait for another request of the same queue to
     /// unlock, so it gets a worker of its own, on every queue and also without a pool. Of the others, those whose kind has been
     /// answering from libcephfs's caches are served right here, in order (see `cost`): on a
     /// worker they would only add a hand-off before taking libcephfs's client lock. The rest
@@ -88,7 +90,13 @@ where
             }
             match &self.inner.pool {
                 Some(pool) if queue != HIPRIO_QUEUE => match dispatch {
-                    Dispatch::Waits | Dispatch::Blocks => {
+                    Dispatch::Cached if self.inner.cost.cheap(pending.opcode()) => {
+                        if let Some(prev) = last.take() {
+                            self.submit(pool, vring, prev, queue, false);
+                        }
+                        self.serve(pending, vring, queue);
+                    }
+                    Dispatch::Waits | Dispatch::Blocks | Dispatch::Cached => {
                         self.submit(pool, vring, pending, queue, false)
                     }
                     Dispatch::Quick if self.inner.cost.cheap(pending.opcode()) => {
@@ -243,8 +251,10 @@ where
         waits: bool,
     ) {
         let server = self.inner.server.clone();
-        // Only Quick kinds consult their cost; the others go to a worker whatever it is.
-        let cost = (Dispatch::of(p.opcode()) == Dispatch::Quick).then(|| self.inner.cost.clone());
+        // Only Quick and Cached kinds consult their cost; the others go to a worker whatever
+        // it is.
+        let cost = matches!(Dispatch::of(p.opcode()), Dispatch::Quick | Dispatch::Cached)
+            .then(|| self.inner.cost.clone());
         let vring = vring.clone();
         pool.submit(
             Box::new(move || p.serve(&server, &vring, queue, cost.as_deref())),
@@ -400,7 +410,12 @@ pub(super) enum Dispatch {
     /// Often answered from libcephfs's caches: served inline when its kind has been cheap
     /// lately, or when it is the last of a batch.
     Quick,
-    /// Moves data or waits for the OSDs: always a worker.
+    /// Moves data out of libcephfs's object cache when it can (READ): served inline when its
+    /// kind has been cheap lately, else a worker, also as the last of a batch: one that waits
+    /// for the OSDs would keep the queue unread for a round trip.
+    Cached,
+    /// Moves data into the cache or waits for the OSDs or the MDS (WRITE, FSYNC, FALLOCATE,
+    /// copies, SYNCFS): always a worker. A WRITE may wait for the cache's dirty data to drain.
     Blocks,
     /// May wait for another request (a lock held by the same guest): a worker of its own.
     Waits,
@@ -411,9 +426,10 @@ impl Dispatch {
         use crate::wire::{FUSE_FALLOCATE, FUSE_FSYNC, FUSE_FSYNCDIR, FUSE_READ, FUSE_WRITE};
         match opcode {
             Some(FUSE_SETLKW) => Dispatch::Waits,
+            Some(FUSE_READ) => Dispatch::Cached,
             Some(
-                FUSE_READ | FUSE_WRITE | FUSE_FSYNC | FUSE_FSYNCDIR | FUSE_FALLOCATE
-                | FUSE_COPY_FILE_RANGE | FUSE_SYNCFS,
+                FUSE_WRITE | FUSE_FSYNC | FUSE_FSYNCDIR | FUSE_FALLOCATE | FUSE_COPY_FILE_RANGE
+                | FUSE_SYNCFS,
             ) => Dispatch::Blocks,
             _ => Dispatch::Quick,
         }

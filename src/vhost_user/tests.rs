@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use fuse_backend_rs::abi::fuse_abi::{
     AttrOut, CopyFileRangeIn, FileLock as AbiFileLock, GetattrIn, InHeader, InitIn, LkIn,
-    OutHeader, WriteOut, ROOT_ID,
+    OutHeader, ReadIn, WriteOut, ROOT_ID,
 };
 use fuse_backend_rs::api::filesystem::{Context, Entry, FileLock};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
@@ -27,7 +27,7 @@ use std::sync::PoisonError;
 use super::queues::Dispatch;
 use crate::server::mark_queue_thread;
 use crate::server::{AsyncOps, SessionOps, WireOps};
-use crate::wire::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
+use crate::wire::{FUSE_COPY_FILE_RANGE, FUSE_READ, FUSE_SETLKW, FUSE_SYNCFS};
 use vhost::vhost_user::message::{
     VhostTransferStateDirection, VhostTransferStatePhase, VhostUserProtocolFeatures,
     VhostUserVirtioFeatures,
@@ -267,7 +267,25 @@ impl FileSystem for TestFs {
         _lock_owner: Option<u64>,
         _flags: u32,
     ) -> io::Result<usize> {
+        self.note_served(FUSE_READ);
         nonblocking::blocking_read(handle, w, size, offset)
+    }
+
+    /// READ: nothing to read, noted where it ran.
+    #[cfg(not(libcephfs_nonblocking))]
+    fn read(
+        &self,
+        _ctx: &Context,
+        _inode: u64,
+        _handle: u64,
+        _w: &mut dyn fuse_backend_rs::api::filesystem::ZeroCopyWriter,
+        _size: u32,
+        _offset: u64,
+        _lock_owner: Option<u64>,
+        _flags: u32,
+    ) -> io::Result<usize> {
+        self.note_served(FUSE_READ);
+        Ok(0)
     }
 
     #[cfg(libcephfs_nonblocking)]
@@ -1251,10 +1269,11 @@ fn idle_workers_leave_and_come_back() {
 }
 
 #[test]
-fn data_requests_always_go_to_workers() {
-    for op in [15, 16, 20, 30, 43, 47, 50] {
+fn requests_that_wait_go_to_workers_data_ones_by_their_cost() {
+    for op in [16, 20, 30, 43, 47, 50] {
         assert_eq!(Dispatch::of(Some(op)), Dispatch::Blocks, "opcode {op}");
     }
+    assert_eq!(Dispatch::of(Some(15)), Dispatch::Cached);
     assert_eq!(Dispatch::of(Some(33)), Dispatch::Waits);
     // LOOKUP, GETATTR, OPEN, RELEASE, READDIRPLUS, garbage, unreadable header.
     for op in [
@@ -1324,6 +1343,51 @@ fn cheap_requests_stay_on_the_queue_thread_slow_ones_go_to_workers() {
     let mut expected = vec![(FUSE_LOOKUP, true); 4];
     expected.extend([(FUSE_GETATTR, false); 4]);
     assert_eq!(served, expected);
+}
+
+/// READs of a kind that has been answering from libcephfs's object cache are served by the
+/// queue thread itself, in a batch too; once READs have been slow (OSD round trips) every one
+/// goes to a worker, the last of a batch as well, unlike a slow metadata request: the queue
+/// stays read while the OSDs answer.
+#[test]
+fn cached_reads_stay_on_the_queue_thread_slow_ones_all_go_to_workers() {
+    let (gm, mem) = memory();
+    let mut driver = Driver::new(&gm);
+    let vring = driver.vring(&mem);
+    let (backend, fs) = backend(4, None);
+    backend
+        .update_memory(mem.clone())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let read = |unique| {
+        let body = ReadIn {
+            fh: 1,
+            size: 4096,
+            ..ReadIn::default()
+        };
+        request(FUSE_READ, unique, ROOT_ID, body)
+    };
+    backend
+        .inner
+        .cost
+        .freeze_with(&[(FUSE_READ, Duration::from_micros(3))]);
+    driver.submit(&init_request(1), 256);
+    for unique in 2..=5 {
+        driver.submit(&read(unique), 4096 + 256);
+    }
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 5);
+    assert_eq!(fs.take_served(), vec![(FUSE_READ, false); 4]);
+
+    backend
+        .inner
+        .cost
+        .freeze_with(&[(FUSE_READ, Duration::from_micros(300))]);
+    for unique in 6..=9 {
+        driver.submit(&read(unique), 4096 + 256);
+    }
+    kick(&backend, &vring, 1);
+    wait_used(&driver, 9);
+    assert_eq!(fs.take_served(), vec![(FUSE_READ, true); 4]);
 }
 
 /// INIT answered, then a LOOKUP of "stall" held inside the filesystem, served on a queue
