@@ -539,7 +539,8 @@ pub struct Args {
     #[arg(long, hide_short_help = true)]
     pub preserve_noatime: bool,
 
-    /// Ignored (virtiofsd compatibility).
+    /// Accepted (virtiofsd compatibility): shared mmap with `--cache never` is always offered
+    /// (FUSE_DIRECT_IO_ALLOW_MMAP, to guests that ask for it).
     #[arg(long, hide_short_help = true)]
     pub allow_mmap: bool,
 

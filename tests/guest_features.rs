@@ -5,6 +5,9 @@
 //!   statx reports through libcephfs.
 //! - Backward reads: a reverse 4 KiB-stride scan of a file another client wrote (which the
 //!   daemon reads behind, src/fs/data.rs) reads its bytes, as a forward scan does.
+//! - FUSE_DIRECT_IO_ALLOW_MMAP: with `--cache never` a `MAP_SHARED` mapping written in the
+//!   guest reaches CephFS (another client reads the bytes); a kernel that does not offer the
+//!   flag (Debian bookworm's 6.1) still mounts and serves, its shared mmap failing ENODEV.
 
 mod common;
 
@@ -139,5 +142,60 @@ fn a_reverse_stride_scan_in_the_guest_reads_what_another_client_wrote() {
             .find(|l| l.starts_with(tag))
             .unwrap_or_else(|| panic!("no {tag} line"));
         assert_eq!(line, format!("{tag} {want}"), "{tag}: the bytes differ");
+    }
+}
+
+/// tests/guest/features.c, the guest's tool for these tests.
+fn features(lab: &Lab) -> [(std::path::PathBuf, &'static str); 1] {
+    [(lab.guest_bin.join("features"), "/opt/features")]
+}
+
+#[test]
+fn a_shared_mmap_on_cache_never_is_written_back_and_read_by_another_client() {
+    let lab = Lab::get();
+    let text = format!("written through a shared mapping {}", std::process::id());
+    for (suite, offered) in [("forky", true), ("bookworm", false)] {
+        let name = format!("feat-mmap-{suite}-{}", std::process::id());
+        let export = lab.export_dir(&name);
+        let work = lab.scratch(&name);
+        let daemon = Daemon::start(&lab, &work, &export, &["--cache", "never"]);
+        let script = format!(
+            "#!/bin/sh\n\
+             /opt/features mmap-write /mnt/m '{text}'\n\
+             echo plain > /mnt/p && cat /mnt/p | sed 's/^/READ /'\n"
+        );
+        let env = [("GUEST_KERNEL_SUITE", suite)];
+        let run = run_guest_env(&lab, &work, &daemon, &script, &features(&lab), 600, &env);
+        assert_eq!(run.code(), 0, "{suite}: guest verdict (console above)");
+        assert!(
+            run.console.contains("READ plain"),
+            "{suite}: plain I/O on cache=never"
+        );
+        let m = lab.ceph();
+        let dir = ceph_dir(&m, &export);
+        if offered {
+            assert!(
+                run.console.contains("MMAP ok"),
+                "{suite}: shared mmap on cache=never"
+            );
+            let got = common::ceph_read_all(&m, &dir, "m");
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                text,
+                "{suite}: what another client reads"
+            );
+            assert!(
+                daemon
+                    .log_text()
+                    .contains("flags fuse-backend-rs has no name for"),
+                "{suite}: the INIT reply was not extended:\n{}",
+                daemon.log_text()
+            );
+        } else {
+            assert!(
+                run.console.contains(&format!("MMAP err={}", libc::ENODEV)),
+                "{suite}: a kernel without DIRECT_IO_ALLOW_MMAP refuses shared mmap"
+            );
+        }
     }
 }

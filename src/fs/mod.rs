@@ -511,11 +511,15 @@ impl CephFs {
     }
 }
 
-impl FileSystem for CephFs {
-    type Inode = u64;
-    type Handle = u64;
-
-    fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
+impl CephFs {
+    /// The FUSE_INIT flags the daemon wants (`flags | flags2 << 32`; the guest gets those of
+    /// them it offered): [`FileSystem::init`] answers the ones fuse-backend-rs's `FsOptions`
+    /// knows, [`crate::server::WireOps::init_flags`] all of them.
+    ///
+    /// FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6+): a `MAP_SHARED` mmap of a file opened with
+    /// FOPEN_DIRECT_IO (`--cache never`) goes through the guest page cache (written back
+    /// with WRITEs, as in `auto`) instead of failing ENODEV. Nothing on our side changes.
+    pub(crate) fn init_want(&self) -> u64 {
         let mut want = FsOptions::ASYNC_READ
             | FsOptions::PARALLEL_DIROPS
             | FsOptions::BIG_WRITES
@@ -527,13 +531,24 @@ impl FileSystem for CephFs {
             | FsOptions::DO_READDIRPLUS
             | FsOptions::READDIRPLUS_AUTO
             | FsOptions::ASYNC_DIO
-            | FsOptions::CACHE_SYMLINKS;
+            | FsOptions::CACHE_SYMLINKS
+            | FsOptions::INIT_EXT;
         if self.cfg.cache == CacheMode::Auto {
             want |= FsOptions::AUTO_INVAL_DATA;
         }
         if self.cfg.killpriv_v2 {
             want |= FsOptions::HANDLE_KILLPRIV_V2;
         }
+        want.bits() | crate::wire::FUSE_DIRECT_IO_ALLOW_MMAP
+    }
+}
+
+impl FileSystem for CephFs {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
+        let want = FsOptions::from_bits_truncate(self.init_want());
         let on = self.cfg.killpriv_v2 && capable.contains(FsOptions::HANDLE_KILLPRIV_V2);
         self.killpriv.store(on, Ordering::Relaxed);
         self.migration.note_init(capable);
