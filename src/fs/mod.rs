@@ -101,6 +101,10 @@ pub struct FsConfig {
     pub killpriv_v2: bool,
     /// Serve xattrs at all.
     pub xattr: bool,
+    /// Offer POSIX ACLs (FUSE_POSIX_ACL): the guest kernel then enforces them and reads and
+    /// writes them as `system.posix_acl_*` xattrs; libcephfs enforces them too when its
+    /// `client_acl_type` is `posix_acl` (the configuration sets it with this).
+    pub posix_acl: bool,
     /// Let guests set/remove `ceph.*` virtual xattrs (layouts, quotas).
     pub allow_ceph_xattr_set: bool,
     /// Quarantine gate (None = quarantine support off). See [`crate::quarantine`].
@@ -134,6 +138,7 @@ impl Default for FsConfig {
             revocable_ttl: Duration::from_secs(1),
             killpriv_v2: true,
             xattr: true,
+            posix_acl: false,
             allow_ceph_xattr_set: false,
             quarantine: None,
             max_nodes: limits::DEFAULT_MAX_NODES,
@@ -539,6 +544,9 @@ impl CephFs {
         if self.cfg.killpriv_v2 {
             want |= FsOptions::HANDLE_KILLPRIV_V2;
         }
+        if self.cfg.posix_acl && self.cfg.xattr {
+            want |= FsOptions::POSIX_ACL;
+        }
         want.bits() | crate::wire::FUSE_DIRECT_IO_ALLOW_MMAP
     }
 }
@@ -563,7 +571,12 @@ impl FileSystem for CephFs {
             );
             self.end_session();
         }
-        tracing::info!(killpriv_v2 = on, cache = %self.cfg.cache, "FUSE session starts");
+        tracing::info!(
+            killpriv_v2 = on,
+            posix_acl = (want & capable).contains(FsOptions::POSIX_ACL),
+            cache = %self.cfg.cache,
+            "FUSE session starts"
+        );
         Ok(want)
     }
 
