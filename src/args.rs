@@ -516,8 +516,11 @@ pub struct Args {
     #[arg(long, hide_short_help = true)]
     pub no_killpriv_v2: bool,
 
-    /// Ignored (virtiofsd compatibility): no POSIX ACLs are offered to the guest (it checks
-    /// mode bits only); never is accepted silently.
+    /// POSIX ACLs (off by default, as with virtiofsd): offered to the guest (FUSE_POSIX_ACL:
+    /// its kernel enforces them, setfacl/getfacl work) and enforced by libcephfs
+    /// (client_acl_type=posix_acl), as other CephFS clients with ACLs do. They need xattrs and
+    /// no --translate-uid/--translate-gid rules (ACL entries name ids that are not
+    /// translated): always refuses to start without, auto then leaves them off with a warning.
     #[arg(long, value_enum, value_name = "WHEN", num_args = 0..=1, require_equals = true,
           default_missing_value = "auto", hide_short_help = true)]
     pub posix_acl: Option<Support>,
@@ -540,7 +543,8 @@ pub struct Args {
     #[arg(long, hide_short_help = true)]
     pub preserve_noatime: bool,
 
-    /// Ignored (virtiofsd compatibility).
+    /// Accepted (virtiofsd compatibility): shared mmap with `--cache never` is always offered
+    /// (FUSE_DIRECT_IO_ALLOW_MMAP, to guests that ask for it).
     #[arg(long, hide_short_help = true)]
     pub allow_mmap: bool,
 

@@ -75,6 +75,7 @@ fn fs_config(config: &Config) -> FsConfig {
     FsConfig {
         cache: config.cache,
         xattr: config.xattr,
+        posix_acl: config.posix_acl,
         readonly: config.readonly,
         max_nodes: config.guest.max_nodes,
         max_handles: config.guest.max_handles,

@@ -315,11 +315,62 @@ where
                 )
             }
             FUSE_SETLKW => self.setlkw(&header, peek, writer),
+            wire::FUSE_INIT => self.init(reader, &peek, writer),
             _ => self
                 .server
                 .handle_message(reader, writer, None, None)
                 .map_err(ServerError::Fuse),
         }
+    }
+
+    /// FUSE_INIT: fuse-backend-rs negotiates it (the protocol version it records, the reply's
+    /// limits, `FileSystem::init`), then the flags its `FsOptions` cannot carry that the guest
+    /// offered and [`WireOps::init_flags`] wants (FUSE_DIRECT_IO_ALLOW_MMAP: fuse-backend-rs
+    /// 0.14 drops every flags2 bit it has no name for) are written into its reply: `flags` and
+    /// `flags2` of `fuse_init_out`, through a second writer over the same buffers. Only a
+    /// whole reply to a 7.x guest is changed; an error, a major-version answer or a reply in
+    /// an old minor's short layout goes as fuse-backend-rs wrote it.
+    fn init<S: BitmapSlice>(
+        &self,
+        reader: Reader<'_, S>,
+        body: &Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, ServerError> {
+        use fuse_backend_rs::abi::fuse_abi::{FsOptions, InitOut};
+        let want = init_offer(body).map(|capable| capable & self.fs.init_flags(capable));
+        let unknown = want.filter(|w| w & !FsOptions::all().bits() != 0);
+        let patch = match (&writer, unknown) {
+            (Writer::VirtioFs(w), Some(_)) => Some(w.clone()),
+            _ => None,
+        };
+        let n = self
+            .server
+            .handle_message(reader, writer, None, None)
+            .map_err(ServerError::Fuse)?;
+        if let (Some(mut w), Some(enabled)) = (patch, unknown) {
+            if n == OUT_HEADER_LEN + size_of::<InitOut>() {
+                let flags = OUT_HEADER_LEN + std::mem::offset_of!(InitOut, flags);
+                let flags2 = OUT_HEADER_LEN + std::mem::offset_of!(InitOut, flags2);
+                let low = u32::try_from(enabled & u64::from(u32::MAX)).unwrap_or(0);
+                let high = u32::try_from(enabled >> 32).unwrap_or(0);
+                let write = |w: &mut fuse_backend_rs::transport::VirtioFsWriter<'_, S>,
+                             at: usize,
+                             v: u32| {
+                    w.split_at(at)
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+                        .and_then(|mut tail| tail.write_all(&v.to_ne_bytes()))
+                };
+                write(&mut w.clone(), flags, low)
+                    .and_then(|()| write(&mut w, flags2, high))
+                    .map_err(ServerError::WriteReply)?;
+                tracing::info!(
+                    added = format_args!("{:#x}", enabled & !FsOptions::all().bits()),
+                    flags = format_args!("{enabled:#x}"),
+                    "FUSE INIT: flags fuse-backend-rs has no name for added to its reply"
+                );
+            }
+        }
+        Ok(n)
     }
 
     /// End a FUSE session without a DESTROY (the frontend went away): drop every node and
@@ -416,6 +467,28 @@ where
             Err(e) => reply_error(header.unique, writer, &e),
         }
     }
+}
+
+/// The INIT flags a 7.x guest offers (`flags`, and `flags2 << 32` when it sets
+/// FUSE_INIT_EXT), from the request `body` past the in-header; `None` for another major or a
+/// body too short (fuse-backend-rs answers those itself).
+fn init_offer<S: BitmapSlice>(body: &Reader<'_, S>) -> Option<u64> {
+    use fuse_backend_rs::abi::fuse_abi::{FsOptions, InitIn, KERNEL_VERSION};
+    let mut head = [0u8; size_of::<InitIn>() + 4];
+    let got = peek(&mut body.clone(), &mut head);
+    let init = InitIn::from_slice(head.get(..size_of::<InitIn>())?)?;
+    if got < size_of::<InitIn>() || init.major != KERNEL_VERSION {
+        return None;
+    }
+    let mut flags = u64::from(init.flags);
+    if flags & FsOptions::INIT_EXT.bits() != 0 {
+        let flags2: [u8; 4] = head.get(size_of::<InitIn>()..)?.try_into().ok()?;
+        if got < head.len() {
+            return None;
+        }
+        flags |= u64::from(u32::from_ne_bytes(flags2)) << 32;
+    }
+    Some(flags)
 }
 
 /// What the server answers a request without serving it, from its header alone (`Some(errno)`):

@@ -67,6 +67,10 @@ pub mod opcode {
     pub const FUSE_STATX: u32 = 52;
 }
 
+/// FUSE_INIT flags fuse-backend-rs 0.14's `FsOptions` has no name for (as `flags | flags2 << 32`,
+/// Linux `include/uapi/linux/fuse.h`): shared mmap of FOPEN_DIRECT_IO files (7.39).
+pub const FUSE_DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
+
 /// Size of `struct fuse_out_header`.
 pub const OUT_HEADER_LEN: usize = 16;
 /// Out-header plus `struct fuse_write_out` or `fuse_entry_out.nodeid`: what

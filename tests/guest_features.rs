@@ -5,6 +5,12 @@
 //!   statx reports through libcephfs.
 //! - Backward reads: a reverse 4 KiB-stride scan of a file another client wrote (which the
 //!   daemon reads behind, src/fs/data.rs) reads its bytes, as a forward scan does.
+//! - FUSE_DIRECT_IO_ALLOW_MMAP: with `--cache never` a `MAP_SHARED` mapping written in the
+//!   guest reaches CephFS (another client reads the bytes); a kernel that does not offer the
+//!   flag (Debian bookworm's 6.1) still mounts and serves, its shared mmap failing ENODEV.
+//! - POSIX ACLs (`--posix-acl`): an ACL set in the guest denies the user it names there and
+//!   through another CephFS client (libcephfs with `client_acl_type=posix_acl`), a default ACL
+//!   is inherited, and chmod moves the mask.
 
 mod common;
 
@@ -140,4 +146,195 @@ fn a_reverse_stride_scan_in_the_guest_reads_what_another_client_wrote() {
             .unwrap_or_else(|| panic!("no {tag} line"));
         assert_eq!(line, format!("{tag} {want}"), "{tag}: the bytes differ");
     }
+}
+
+/// tests/guest/features.c, the guest's tool for these tests.
+fn features(lab: &Lab) -> [(std::path::PathBuf, &'static str); 1] {
+    [(lab.guest_bin.join("features"), "/opt/features")]
+}
+
+#[test]
+fn a_shared_mmap_on_cache_never_is_written_back_and_read_by_another_client() {
+    let lab = Lab::get();
+    let text = format!("written through a shared mapping {}", std::process::id());
+    for (suite, offered) in [("forky", true), ("bookworm", false)] {
+        let name = format!("feat-mmap-{suite}-{}", std::process::id());
+        let export = lab.export_dir(&name);
+        let work = lab.scratch(&name);
+        let daemon = Daemon::start(&lab, &work, &export, &["--cache", "never"]);
+        let script = format!(
+            "#!/bin/sh\n\
+             /opt/features mmap-write /mnt/m '{text}'\n\
+             echo plain > /mnt/p && cat /mnt/p | sed 's/^/READ /'\n"
+        );
+        let env = [("GUEST_KERNEL_SUITE", suite)];
+        let run = run_guest_env(&lab, &work, &daemon, &script, &features(&lab), 600, &env);
+        assert_eq!(run.code(), 0, "{suite}: guest verdict (console above)");
+        assert!(
+            run.console.contains("READ plain"),
+            "{suite}: plain I/O on cache=never"
+        );
+        let m = lab.ceph();
+        let dir = ceph_dir(&m, &export);
+        if offered {
+            assert!(
+                run.console.contains("MMAP ok"),
+                "{suite}: shared mmap on cache=never"
+            );
+            let got = common::ceph_read_all(&m, &dir, "m");
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                text,
+                "{suite}: what another client reads"
+            );
+            assert!(
+                daemon
+                    .log_text()
+                    .contains("flags fuse-backend-rs has no name for"),
+                "{suite}: the INIT reply was not extended:\n{}",
+                daemon.log_text()
+            );
+        } else {
+            assert!(
+                run.console.contains(&format!("MMAP err={}", libc::ENODEV)),
+                "{suite}: a kernel without DIRECT_IO_ALLOW_MMAP refuses shared mmap"
+            );
+        }
+    }
+}
+
+/// The ACL of tests/guest/features.c's SPEC as the `system.posix_acl_*` xattr value.
+fn acl_xattr(spec: &str) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for e in spec.split(',') {
+        let mut f = e.split(':');
+        let (kind, id, perm) = (f.next().unwrap(), f.next().unwrap(), f.next().unwrap());
+        let tag: u16 = match (kind, id.is_empty()) {
+            ("u", true) => 1,
+            ("u", false) => 2,
+            ("g", true) => 4,
+            ("g", false) => 8,
+            ("m", _) => 0x10,
+            _ => 0x20,
+        };
+        let bits = perm
+            .chars()
+            .zip([4u16, 2, 1])
+            .filter(|(c, _)| *c != '-')
+            .map(|(_, b)| b)
+            .sum::<u16>();
+        let id = if id.is_empty() {
+            u32::MAX
+        } else {
+            id.parse().unwrap()
+        };
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&bits.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+#[test]
+fn a_posix_acl_set_in_the_guest_denies_its_user_there_and_through_another_client() {
+    let lab = Lab::get();
+    let name = format!("feat-acl-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &["--posix-acl"]);
+    let deny = "u::rw-,u:1234:---,g::r--,m::r--,o::r--";
+    let inherit = "u::rwx,u:1234:---,g::r-x,m::r-x,o::r-x";
+    let script = format!(
+        "#!/bin/sh\n\
+         F=/opt/features\n\
+         echo secret > /mnt/f && chmod 644 /mnt/f && cp /mnt/f /mnt/g || exit 1\n\
+         $F setacl /mnt/f access {deny}\n\
+         $F getacl /mnt/f access\n\
+         $F as 1234 1234 open /mnt/f r\n\
+         $F as 1235 1235 open /mnt/f r\n\
+         mkdir /mnt/d && chmod 755 /mnt/d\n\
+         $F setacl /mnt/d default {inherit}\n\
+         $F as 1235 1235 create /mnt/d/new\n\
+         chmod 777 /mnt/d; $F as 1235 1235 create /mnt/d/new\n\
+         $F getacl /mnt/d/new access\n\
+         $F as 1234 1234 open /mnt/d/new r\n\
+         $F setacl /mnt/g access {deny}\n\
+         chmod 640 /mnt/g && $F stat /mnt/g && $F getacl /mnt/g access\n\
+         $F as 1235 1235 open /mnt/g r\n\
+         exit 0\n"
+    );
+    let run = run_guest_env(&lab, &work, &daemon, &script, &features(&lab), 600, &KERNEL);
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    let has = |line: &str| {
+        assert!(
+            run.console.lines().any(|l| l.trim_end() == line),
+            "no line {line:?} in the guest's output (console above)"
+        );
+    };
+    has("SETACL ok");
+    has(&format!("GETACL /mnt/f {deny}"));
+    has(&format!("OPEN 1234 /mnt/f err={}", libc::EACCES));
+    has("OPEN 1235 /mnt/f ok");
+    // The directory is 755: its default ACL gives 1235 nothing more; made 777, it creates.
+    has(&format!("CREATE 1235 /mnt/d/new err={}", libc::EACCES));
+    has("CREATE 1235 /mnt/d/new ok");
+    // Inherited from the default ACL; the creation mode (0644) masks the owner, the mask and
+    // other, not the group entry.
+    has("GETACL /mnt/d/new u::rw-,u:1234:---,g::r-x,m::r--,o::r--");
+    has(&format!("OPEN 1234 /mnt/d/new err={}", libc::EACCES));
+    // chmod 640 sets the mask to the group bits (r--) and other to nothing.
+    has("STAT /mnt/g mode=640 uid=0 gid=0");
+    has("GETACL /mnt/g u::rw-,u:1234:---,g::r--,m::r--,o::---");
+    has(&format!("OPEN 1235 /mnt/g err={}", libc::EACCES));
+
+    // Another CephFS client that enforces ACLs sees the same ACL and is denied too.
+    let m = ceph_client::MountBuilder::new(Some(&lab.client_id))
+        .and_then(|b| b.conf_read_file(Some(&lab.conf)))
+        .and_then(|b| b.conf_set("client_acl_type", "posix_acl"))
+        .and_then(|b| b.mount("/"))
+        .expect("mount CephFS with ACLs");
+    let dir = ceph_dir(&m, &export);
+    let (f, _) = ceph_lookup(&m, &dir, "f").unwrap();
+    let acl = CString::new("system.posix_acl_access").unwrap();
+    let mut buf = vec![0u8; 256];
+    let n = m.getxattr(&f, &acl, &mut buf, &UserPerm::root()).unwrap();
+    assert_eq!(
+        &buf[..n],
+        &acl_xattr(deny)[..],
+        "the ACL another client reads"
+    );
+    let as_user = |uid| UserPerm::new(uid, uid, &[]);
+    let denied = m.open(&f, libc::O_RDONLY, &as_user(1234));
+    assert_eq!(
+        denied.err().map(|e| e.errno()),
+        Some(libc::EACCES),
+        "uid 1234 through another client"
+    );
+    assert!(
+        m.open(&f, libc::O_RDONLY, &as_user(1235)).is_ok(),
+        "uid 1235 through another client"
+    );
+}
+
+/// ALLOW_IDMAP is not offered (docs/semantics.md says why): an idmapped bind mount of the share
+/// is refused by the guest kernel, and the share serves on.
+#[test]
+fn an_idmapped_mount_of_the_share_is_refused_in_the_guest() {
+    let lab = Lab::get();
+    let name = format!("feat-idmap-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\n\
+        mkdir -p /idm && /opt/features idmap-mount /mnt /idm 0 1234 1\n\
+        echo still > /mnt/s && cat /mnt/s | sed 's/^/READ /'\n\
+        exit 0\n";
+    let run = run_guest_env(&lab, &work, &daemon, script, &features(&lab), 600, &KERNEL);
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    assert!(
+        run.console
+            .contains(&format!("IDMAP err={} mount_setattr", libc::EINVAL)),
+        "an idmapped mount of a share without ALLOW_IDMAP"
+    );
+    assert!(run.console.contains("READ still"), "the share serves on");
 }

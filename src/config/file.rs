@@ -96,6 +96,8 @@ pub struct FileFuse {
     pub request_deadline: Option<u64>,
     /// `--readonly`.
     pub readonly: Option<bool>,
+    /// `--posix-acl` (true: `always`).
+    pub posix_acl: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -104,6 +104,9 @@ pub struct Config {
     pub handover: Option<PathBuf>,
     pub cache: CacheMode,
     pub xattr: bool,
+    /// `--posix-acl`: POSIX ACLs offered to the guest (FUSE_POSIX_ACL) and enforced by
+    /// libcephfs (`client_acl_type=posix_acl`, added to the Ceph options).
+    pub posix_acl: bool,
     /// `--readonly`: every request that would change the file system fails with EROFS.
     pub readonly: bool,
     /// `--socket-group`: the group the `--socket-path` socket is given to (read and write for
@@ -217,6 +220,8 @@ pub enum ConfigError {
     BadQuarantineClientId(String),
     #[error("{0} must be at least 1 (the default is {1})")]
     BadLimit(&'static str, usize),
+    #[error("--posix-acl=always cannot be served: {0}; drop --posix-acl or use --posix-acl=auto")]
+    PosixAcl(&'static str),
 }
 
 // The command line's clap types stop here: `Config` carries the plain types of the layers that
@@ -521,10 +526,19 @@ impl Config {
         let legacy = parse_legacy(&args.legacy_opts, &mut warnings)?;
         let quarantine = quarantine_config(&args, &file.quarantine)?;
         let transport = transport_config(&args, &legacy, file.vhost_user, &mut warnings)?;
+        let file_posix_acl = file.fuse.posix_acl;
         let fuse = fuse_config(&args, &legacy, file.fuse)?;
         let log = log_config(&args, file.log);
         let mut ceph = ceph_config(&args, file.ceph, &mut warnings)?;
         let (sandbox, idmap) = sandbox_config(&args, file.sandbox)?;
+        let posix_acl = posix_acl_config(
+            args.posix_acl,
+            file_posix_acl,
+            fuse.xattr,
+            &idmap,
+            &mut ceph.access.options,
+            &mut warnings,
+        )?;
         let metrics = metrics_config(
             (args.metrics_addr, args.metrics_socket),
             file.metrics,
@@ -545,6 +559,7 @@ impl Config {
             socket_group: transport.socket_group,
             cache: fuse.cache,
             xattr: fuse.xattr,
+            posix_acl,
             readonly: fuse.readonly,
             guest: fuse.guest,
             log,
@@ -716,6 +731,49 @@ fn fuse_config(args: &Args, legacy: &Legacy, file: FileFuse) -> Result<FuseConfi
         readonly: args.readonly || file.readonly.unwrap_or(false),
         guest,
     })
+}
+
+/// `--posix-acl[=WHEN]` (`posix-acl` in `[fuse]`: true is `always`). `always` and `auto` turn
+/// ACLs on, `never` (the default, as with virtiofsd) off. They need xattrs, and ACL entries
+/// name ids that the id mapping does not translate: with xattrs off or uid/gid rules, `always`
+/// is refused and `auto` stays off with a warning. On, libcephfs enforces them: its
+/// `client_acl_type` is set to `posix_acl` unless the operator set it.
+fn posix_acl_config(
+    cli: Option<cli::Support>,
+    file: Option<bool>,
+    xattr: bool,
+    idmap: &IdMapping,
+    options: &mut Vec<(String, String)>,
+    warnings: &mut Vec<String>,
+) -> Result<bool, ConfigError> {
+    let when = cli.or(file.map(|on| {
+        if on {
+            cli::Support::Always
+        } else {
+            cli::Support::Never
+        }
+    }));
+    let Some(when @ (cli::Support::Auto | cli::Support::Always)) = when else {
+        return Ok(false);
+    };
+    let obstacle = if !xattr {
+        Some("xattrs are off (--no-xattr)")
+    } else if !idmap.is_identity() {
+        Some("uid/gid translation rules do not translate the ids inside ACLs")
+    } else {
+        None
+    };
+    if let Some(why) = obstacle {
+        if when == cli::Support::Always {
+            return Err(ConfigError::PosixAcl(why));
+        }
+        warnings.push(format!("--posix-acl=auto: POSIX ACLs stay off: {why}"));
+        return Ok(false);
+    }
+    if !options.iter().any(|(k, _)| k == "client_acl_type") {
+        options.push(("client_acl_type".to_owned(), "posix_acl".to_owned()));
+    }
+    Ok(true)
 }
 
 /// `[log]`.
@@ -1123,6 +1181,57 @@ mod tests {
         );
     }
 
+    /// `--posix-acl`: off by default and with never; on with auto and always, unless xattrs
+    /// are off or uid rules translate ids (always refused then, auto off with a warning); an
+    /// operator's own client_acl_type is kept.
+    #[test]
+    fn posix_acl_needs_xattrs_and_untranslated_ids() {
+        let c = parse(&["--fd=3"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.posix_acl);
+        assert!(!c
+            .ceph
+            .access
+            .options
+            .iter()
+            .any(|(k, _)| k == "client_acl_type"));
+        let c = parse(&["--fd=3", "--posix-acl=never"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.posix_acl);
+        let c = parse(&["--fd=3", "--posix-acl=always"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.posix_acl);
+        assert!(matches!(
+            parse(&["--fd=3", "--posix-acl=always", "--no-xattr"]),
+            Err(ConfigError::PosixAcl(_))
+        ));
+        let c =
+            parse(&["--fd=3", "--posix-acl=auto", "--no-xattr"]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.posix_acl);
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        let c = parse(&["--fd=3", "--posix-acl", "--translate-uid=map:1000:2000:1"])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(!c.posix_acl, "auto with translated ids");
+        assert!(matches!(
+            parse(&[
+                "--fd=3",
+                "--posix-acl=always",
+                "--translate-uid=map:1000:2000:1"
+            ]),
+            Err(ConfigError::PosixAcl(_))
+        ));
+        let c = parse(&[
+            "--fd=3",
+            "--posix-acl",
+            "--ceph-opt=client_acl_type=posix_acl",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+        let acl_types = c
+            .ceph
+            .access
+            .options
+            .iter()
+            .filter(|(k, _)| k == "client_acl_type");
+        assert_eq!(acl_types.count(), 1);
+    }
+
     /// `--name`: the guest's name for the session's client metadata, from the command line or
     /// the file; checked like an instance id (it lands in `key=value,...`).
     #[test]
@@ -1175,7 +1284,14 @@ mod tests {
             "--socket-group=root",
         ])
         .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(c.warnings.len(), 3, "{:?}", c.warnings);
+        // --security-label=always is ignored; --posix-acl is served (and sets libcephfs's ACLs).
+        assert_eq!(c.warnings.len(), 2, "{:?}", c.warnings);
+        assert!(c.posix_acl);
+        assert!(c
+            .ceph
+            .access
+            .options
+            .contains(&("client_acl_type".to_owned(), "posix_acl".to_owned())));
         assert!(matches!(
             parse(&["--fd=3", "--socket-group=no-such-group-xyz"]),
             Err(ConfigError::SocketGroup(_))

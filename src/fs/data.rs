@@ -511,6 +511,10 @@ impl FileReadWriteVolatile for CephIo<'_> {
 }
 
 impl WireOps for CephFs {
+    fn init_flags(&self, _capable: u64) -> u64 {
+        self.init_want()
+    }
+
     fn statx(
         &self,
         ctx: &Context,

@@ -101,6 +101,10 @@ pub struct FsConfig {
     pub killpriv_v2: bool,
     /// Serve xattrs at all.
     pub xattr: bool,
+    /// Offer POSIX ACLs (FUSE_POSIX_ACL): the guest kernel then enforces them and reads and
+    /// writes them as `system.posix_acl_*` xattrs; libcephfs enforces them too when its
+    /// `client_acl_type` is `posix_acl` (the configuration sets it with this).
+    pub posix_acl: bool,
     /// Let guests set/remove `ceph.*` virtual xattrs (layouts, quotas).
     pub allow_ceph_xattr_set: bool,
     /// Quarantine gate (None = quarantine support off). See [`crate::quarantine`].
@@ -134,6 +138,7 @@ impl Default for FsConfig {
             revocable_ttl: Duration::from_secs(1),
             killpriv_v2: true,
             xattr: true,
+            posix_acl: false,
             allow_ceph_xattr_set: false,
             quarantine: None,
             max_nodes: limits::DEFAULT_MAX_NODES,
@@ -511,11 +516,15 @@ impl CephFs {
     }
 }
 
-impl FileSystem for CephFs {
-    type Inode = u64;
-    type Handle = u64;
-
-    fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
+impl CephFs {
+    /// The FUSE_INIT flags the daemon wants (`flags | flags2 << 32`; the guest gets those of
+    /// them it offered): [`FileSystem::init`] answers the ones fuse-backend-rs's `FsOptions`
+    /// knows, [`crate::server::WireOps::init_flags`] all of them.
+    ///
+    /// FUSE_DIRECT_IO_ALLOW_MMAP (Linux 6.6+): a `MAP_SHARED` mmap of a file opened with
+    /// FOPEN_DIRECT_IO (`--cache never`) goes through the guest page cache (written back
+    /// with WRITEs, as in `auto`) instead of failing ENODEV. Nothing on our side changes.
+    pub(crate) fn init_want(&self) -> u64 {
         let mut want = FsOptions::ASYNC_READ
             | FsOptions::PARALLEL_DIROPS
             | FsOptions::BIG_WRITES
@@ -527,13 +536,27 @@ impl FileSystem for CephFs {
             | FsOptions::DO_READDIRPLUS
             | FsOptions::READDIRPLUS_AUTO
             | FsOptions::ASYNC_DIO
-            | FsOptions::CACHE_SYMLINKS;
+            | FsOptions::CACHE_SYMLINKS
+            | FsOptions::INIT_EXT;
         if self.cfg.cache == CacheMode::Auto {
             want |= FsOptions::AUTO_INVAL_DATA;
         }
         if self.cfg.killpriv_v2 {
             want |= FsOptions::HANDLE_KILLPRIV_V2;
         }
+        if self.cfg.posix_acl && self.cfg.xattr {
+            want |= FsOptions::POSIX_ACL;
+        }
+        want.bits() | crate::wire::FUSE_DIRECT_IO_ALLOW_MMAP
+    }
+}
+
+impl FileSystem for CephFs {
+    type Inode = u64;
+    type Handle = u64;
+
+    fn init(&self, capable: FsOptions) -> io::Result<FsOptions> {
+        let want = FsOptions::from_bits_truncate(self.init_want());
         let on = self.cfg.killpriv_v2 && capable.contains(FsOptions::HANDLE_KILLPRIV_V2);
         self.killpriv.store(on, Ordering::Relaxed);
         self.migration.note_init(capable);
@@ -548,7 +571,12 @@ impl FileSystem for CephFs {
             );
             self.end_session();
         }
-        tracing::info!(killpriv_v2 = on, cache = %self.cfg.cache, "FUSE session starts");
+        tracing::info!(
+            killpriv_v2 = on,
+            posix_acl = (want & capable).contains(FsOptions::POSIX_ACL),
+            cache = %self.cfg.cache,
+            "FUSE session starts"
+        );
         Ok(want)
     }
 

@@ -659,6 +659,8 @@ mod tests {
     #[derive(Default)]
     struct RandFs {
         calls: Mutex<Vec<String>>,
+        /// What `WireOps::init_flags` answers.
+        init_flags: u64,
     }
 
     impl RandFs {
@@ -867,6 +869,10 @@ mod tests {
 
         fn syncfs(&self, _: &Context, _: u64) -> io::Result<()> {
             Ok(())
+        }
+
+        fn init_flags(&self, _capable: u64) -> u64 {
+            self.init_flags
         }
     }
 
@@ -1096,5 +1102,68 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The reply to an INIT of `minor` offering `flags` (`flags2` in the high half).
+    fn init_reply(server: &FuseServer<RandFs>, minor: u32, flags: u64) -> Vec<u8> {
+        let init = InitIn {
+            major: 7,
+            minor,
+            max_readahead: 0,
+            flags: flags as u32,
+        };
+        let mut body = init.as_slice().to_vec();
+        body.extend_from_slice(&((flags >> 32) as u32).to_ne_bytes());
+        body.extend_from_slice(&[0u8; 44]);
+        let h = InHeader {
+            len: (40 + body.len()) as u32,
+            opcode: FUSE_INIT,
+            unique: 9,
+            ..Default::default()
+        };
+        let mut bytes = header_bytes(&h);
+        bytes.extend_from_slice(&body);
+        let (result, out) = via_reader(server, h, &bytes, 256);
+        let n = result.unwrap();
+        out[..n].to_vec()
+    }
+
+    #[test]
+    fn init_flags_fuse_backend_rs_cannot_name_reach_the_reply() {
+        const INIT_EXT: u64 = 1 << 30;
+        let u32_at = |b: &[u8], at: usize| u32::from_ne_bytes(b[at..at + 4].try_into().unwrap());
+        let (flags_at, flags2_at) = (16 + 12, 16 + 32);
+        let fs = Arc::new(RandFs {
+            init_flags: INIT_EXT | FUSE_DIRECT_IO_ALLOW_MMAP,
+            ..RandFs::default()
+        });
+        let server = FuseServer::new(fs);
+        // Offered: answered in flags2, with INIT_EXT in flags for the kernel to read it.
+        let offered = INIT_EXT | FUSE_DIRECT_IO_ALLOW_MMAP | 1;
+        let r = init_reply(&server, 40, offered);
+        assert_eq!(r.len(), 16 + 64);
+        assert_eq!(u64::from(u32_at(&r, flags_at)), INIT_EXT);
+        assert_eq!(
+            u64::from(u32_at(&r, flags2_at)) << 32,
+            FUSE_DIRECT_IO_ALLOW_MMAP
+        );
+        // The rest is fuse-backend-rs's: the same bytes as for a filesystem wanting nothing
+        // beyond its names, but for the two flag words.
+        let plain = FuseServer::new(Arc::new(RandFs::default()));
+        let mut want = init_reply(&plain, 40, offered);
+        want[flags_at..flags_at + 4].copy_from_slice(&(INIT_EXT as u32).to_ne_bytes());
+        want[flags2_at..flags2_at + 4]
+            .copy_from_slice(&((FUSE_DIRECT_IO_ALLOW_MMAP >> 32) as u32).to_ne_bytes());
+        assert_eq!(r, want);
+        // Not offered (a 6.1 guest): nothing added.
+        let r = init_reply(&server, 40, INIT_EXT);
+        assert_eq!(u32_at(&r, flags2_at), 0);
+        assert_eq!(r, init_reply(&plain, 40, INIT_EXT));
+        // Without INIT_EXT the kernel has no flags2 to offer (the bit above is not read).
+        let r = init_reply(&server, 40, FUSE_DIRECT_IO_ALLOW_MMAP);
+        assert_eq!(r, init_reply(&plain, 40, FUSE_DIRECT_IO_ALLOW_MMAP));
+        // An old minor's short reply is left as it is.
+        let r = init_reply(&server, 22, offered);
+        assert_eq!(r, init_reply(&plain, 22, offered));
     }
 }

@@ -49,6 +49,15 @@ pub trait WireOps {
     /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
     fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
 
+    /// The FUSE_INIT flags (`flags | flags2 << 32`) the filesystem wants, given those the guest
+    /// offers (`capable`, the same 64 bits). fuse-backend-rs 0.14 keeps only the bits its
+    /// `FsOptions` knows (it drops FUSE_DIRECT_IO_ALLOW_MMAP, 1 << 36, for one): the server
+    /// hands `FileSystem::init` those, and writes the others into the reply itself. None by
+    /// default (then `FileSystem::init` alone decides, as fuse-backend-rs has it).
+    fn init_flags(&self, _capable: u64) -> u64 {
+        0
+    }
+
     /// FUSE_STATX (Linux 6.6+ sends it when a statx(2) asks for the birth time): GETATTR's
     /// attributes and TTL, and the birth time. ENOSYS (the guest then asks GETATTR) unless
     /// the filesystem keeps birth times.
