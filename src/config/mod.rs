@@ -1597,6 +1597,10 @@ mod tests {
                     "client_oc_target_dirty".to_owned(),
                     (8u64 << 20).to_string()
                 ),
+                (
+                    "client_readahead_max_bytes".to_owned(),
+                    (2u64 << 20).to_string()
+                ),
                 ("client_cache_size".to_owned(), "100".to_owned()),
                 ("client_oc".to_owned(), "true".to_owned())
             ]
