@@ -342,8 +342,9 @@ pub struct Args {
     /// (as Linux's CephFS client answers an MDS request that ran out of time), log it, and drop
     /// its late result. For guests with a FUSE request timeout (Linux 6.14+,
     /// fs.fuse.default_request_timeout), which abort the whole mount when one request outlives
-    /// it: set SECS below that timeout. READ, WRITE and locks are not bounded. 0 = off; at
-    /// most 86400. Default: 0.
+    /// it: set SECS below that timeout. READ and WRITE are bounded too (their data then passes
+    /// through the daemon's own buffers, and guests are offered at most 124 KiB each); locks
+    /// are not. 0 = off; at most 86400. Default: 0.
     #[arg(long, value_name = "SECS")]
     pub request_deadline: Option<u64>,
 

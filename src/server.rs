@@ -57,6 +57,23 @@ pub fn is_served(opcode: u32) -> bool {
     matches!(opcode, 1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS | wire::FUSE_STATX)
 }
 
+/// The most bytes of data a READ or WRITE may carry, as offered to the guest in FUSE_INIT's
+/// reply (`max_write`, `max_pages`); 0: what fuse-backend-rs offers (1 MiB). Set once at start
+/// ([`limit_io`]).
+static IO_LIMIT: AtomicU32 = AtomicU32::new(0);
+
+/// Offer guests READs and WRITEs of at most `bytes` (whole pages; at least one) from the next
+/// FUSE_INIT on: `--request-deadline` bounds only requests that fit the transport's private
+/// buffers (`vhost_user::deadline`). `None`: fuse-backend-rs's own limit.
+pub fn limit_io(bytes: Option<u32>) {
+    let pages = bytes.map_or(0, |b| (b / PAGE).max(1) * PAGE);
+    IO_LIMIT.store(pages, Ordering::Release);
+}
+
+/// The page size FUSE's `max_pages` counts in (Linux's; the guests this daemon serves use 4 KiB
+/// pages).
+const PAGE: u32 = 4096;
+
 thread_local! {
     /// Set on the virtqueue threads: what runs there must never wait for another request.
     static QUEUE_THREAD: Cell<bool> = const { Cell::new(false) };
@@ -337,38 +354,57 @@ where
         writer: Writer<'_, S>,
     ) -> Result<usize, ServerError> {
         use fuse_backend_rs::abi::fuse_abi::{FsOptions, InitOut};
-        let want = init_offer(body).map(|capable| capable & self.fs.init_flags(capable));
+        let offer = init_offer(body);
+        let want = offer.map(|capable| capable & self.fs.init_flags(capable));
         let unknown = want.filter(|w| w & !FsOptions::all().bits() != 0);
-        let patch = match (&writer, unknown) {
-            (Writer::VirtioFs(w), Some(_)) => Some(w.clone()),
+        let limit = match IO_LIMIT.load(Ordering::Acquire) {
+            0 => None,
+            bytes => offer.map(|_| bytes),
+        };
+        let patch = match &writer {
+            Writer::VirtioFs(w) if unknown.is_some() || limit.is_some() => Some(w.clone()),
             _ => None,
         };
         let n = self
             .server
             .handle_message(reader, writer, None, None)
             .map_err(ServerError::Fuse)?;
-        if let (Some(mut w), Some(enabled)) = (patch, unknown) {
-            if n == OUT_HEADER_LEN + size_of::<InitOut>() {
-                let flags = OUT_HEADER_LEN + std::mem::offset_of!(InitOut, flags);
-                let flags2 = OUT_HEADER_LEN + std::mem::offset_of!(InitOut, flags2);
-                let low = u32::try_from(enabled & u64::from(u32::MAX)).unwrap_or(0);
-                let high = u32::try_from(enabled >> 32).unwrap_or(0);
-                let write = |w: &mut fuse_backend_rs::transport::VirtioFsWriter<'_, S>,
-                             at: usize,
-                             v: u32| {
-                    w.split_at(at)
-                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
-                        .and_then(|mut tail| tail.write_all(&v.to_ne_bytes()))
-                };
-                write(&mut w.clone(), flags, low)
-                    .and_then(|()| write(&mut w, flags2, high))
-                    .map_err(ServerError::WriteReply)?;
-                tracing::info!(
-                    added = format_args!("{:#x}", enabled & !FsOptions::all().bits()),
-                    flags = format_args!("{enabled:#x}"),
-                    "FUSE INIT: flags fuse-backend-rs has no name for added to its reply"
-                );
-            }
+        let Some(w) = patch.filter(|_| n == OUT_HEADER_LEN + size_of::<InitOut>()) else {
+            return Ok(n);
+        };
+        let write = |at: usize, v: &[u8]| {
+            w.clone()
+                .split_at(OUT_HEADER_LEN + at)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+                .and_then(|mut tail| tail.write_all(v))
+                .map_err(ServerError::WriteReply)
+        };
+        if let Some(enabled) = unknown {
+            let low = u32::try_from(enabled & u64::from(u32::MAX)).unwrap_or(0);
+            let high = u32::try_from(enabled >> 32).unwrap_or(0);
+            write(std::mem::offset_of!(InitOut, flags), &low.to_ne_bytes())?;
+            write(std::mem::offset_of!(InitOut, flags2), &high.to_ne_bytes())?;
+            tracing::info!(
+                added = format_args!("{:#x}", enabled & !FsOptions::all().bits()),
+                flags = format_args!("{enabled:#x}"),
+                "FUSE INIT: flags fuse-backend-rs has no name for added to its reply"
+            );
+        }
+        if let Some(bytes) = limit {
+            let pages = u16::try_from(bytes / PAGE).unwrap_or(u16::MAX);
+            write(
+                std::mem::offset_of!(InitOut, max_write),
+                &bytes.to_ne_bytes(),
+            )?;
+            write(
+                std::mem::offset_of!(InitOut, max_pages),
+                &pages.to_ne_bytes(),
+            )?;
+            tracing::info!(
+                max_write = bytes,
+                max_pages = pages,
+                "FUSE INIT: READ and WRITE limited to what --request-deadline can bound"
+            );
         }
         Ok(n)
     }

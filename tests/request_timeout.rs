@@ -216,6 +216,8 @@ fn a_guest_with_a_request_timeout_through_an_mds_failover() {
 }
 
 const FUSE_LOOKUP: u32 = 1;
+const FUSE_READ: u32 = 15;
+const FUSE_WRITE: u32 = 16;
 const FUSE_MKDIR: u32 = 9;
 /// The reply room Linux gives an entry reply: out-header and `fuse_entry_out`.
 const ENTRY_REPLY: u32 = 16 + 128;
@@ -361,5 +363,144 @@ fn a_request_past_the_deadline_is_answered_etimedout_and_its_late_result_dropped
         let a = h.lookup(names, n);
         assert!(a.entry().is_some(), "LOOKUP after the stall: {a:?}");
     }
+    assert!(h.alive());
+}
+
+/// `--request-deadline 2` at the FUSE wire, with the OSD stopped: READ and WRITE are bounded
+/// too. An O_DIRECT READ and an O_DIRECT WRITE (each an OSD round trip) are answered ETIMEDOUT
+/// while the OSD is still stopped, so the write was not acknowledged; once the OSD is back,
+/// both calls complete and their results are dropped, and the file reads as a client reads it
+/// (the late write, like a late mkdir, may have landed: the guest was told it failed). With
+/// the bound on, the daemon offers guests READs and WRITEs of at most 124 KiB, which its
+/// private buffers hold (`vhost_user::deadline`).
+#[test]
+fn reads_and_writes_past_the_deadline_with_the_osd_stopped_are_answered_etimedout() {
+    let lab = Lab::get();
+    let name = format!("rt-osd-{}", std::process::id());
+    let cluster = PrivateCluster::start(&lab, &name);
+    let lab = &cluster.lab;
+    let export = lab.export_dir(&name);
+    let old = vec![0x5au8; 8192];
+    {
+        let m = lab.ceph();
+        let d = ceph_dir(&m, &export);
+        let (_, _, f) = m
+            .create(
+                &d,
+                &CString::new("data").unwrap(),
+                0o666,
+                libc::O_RDWR | libc::O_CREAT,
+                CEPH_STATX_BASIC_STATS,
+                0,
+                &UserPerm::root(),
+            )
+            .unwrap();
+        assert_eq!(f.write(0, &old).unwrap(), old.len());
+        f.fsync(false).unwrap();
+    }
+    let work = lab.scratch(&format!("{name}-daemon"));
+    let daemon = Daemon::start(lab, &work, &export, &["--request-deadline", "2"]);
+    let mut h = Hostile::connect_without_oracle(&daemon);
+    h.set_timeout_ms(30_000);
+    assert!(
+        daemon
+            .log_text()
+            .contains("READ and WRITE limited to what --request-deadline can bound"),
+        "the INIT reply's limits:\n{}",
+        daemon.log_text()
+    );
+    let a = h.lookup(1, b"data");
+    let (node, _) = a.entry().unwrap_or_else(|| panic!("LOOKUP data: {a:?}"));
+    let a = h.open(node, (libc::O_RDWR | libc::O_DIRECT) as u32);
+    let fh = a.fh().unwrap_or_else(|| panic!("OPEN O_DIRECT: {a:?}"));
+
+    let resume = cluster.stop_osd("0");
+    h.set_timeout_ms(20_000);
+    let started = Instant::now();
+    let u = h.next_unique();
+    let read_in = Body::new()
+        .u64(fh)
+        .u64(0)
+        .u32(4096)
+        .u32(0)
+        .u64(0)
+        .u32(0)
+        .u32(0)
+        .0;
+    let read = h.raw(1, &request(FUSE_READ, u, node, None, &read_in), 16 + 4096);
+    assert_eq!(
+        read.error(),
+        Some(-libc::ETIMEDOUT),
+        "READ with the OSD stopped: {read:?}"
+    );
+    let new = vec![0xa5u8; 4096];
+    let mut write_in = Body::new()
+        .u64(fh)
+        .u64(4096)
+        .u32(4096)
+        .u32(0)
+        .u64(0)
+        .u32(0)
+        .u32(0)
+        .0;
+    write_in.extend_from_slice(&new);
+    let u = h.next_unique();
+    let write = h.raw(1, &request(FUSE_WRITE, u, node, None, &write_in), 16 + 8);
+    assert_eq!(
+        write.error(),
+        Some(-libc::ETIMEDOUT),
+        "WRITE with the OSD stopped: {write:?}"
+    );
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "both answers came {took:?} after the OSD stopped"
+    );
+    let log = daemon.log_text();
+    let answered = log
+        .lines()
+        .filter(|l| l.contains("answered ETIMEDOUT") && l.contains("Request unanswered"))
+        .count();
+    assert_eq!(answered, 2, "each request answered early is logged:\n{log}");
+    drop(resume);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while daemon
+        .log_text()
+        .lines()
+        .filter(|l| l.contains("its result is dropped"))
+        .count()
+        < 2
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the late results were not dropped:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The file holds the old bytes, or the late write's where it landed: never anything else.
+    let u = h.next_unique();
+    let read_in = Body::new()
+        .u64(fh)
+        .u64(0)
+        .u32(8192)
+        .u32(0)
+        .u64(0)
+        .u32(0)
+        .u32(0)
+        .0;
+    let again = h.raw(1, &request(FUSE_READ, u, node, None, &read_in), 16 + 8192);
+    assert_eq!(
+        again.error(),
+        Some(0),
+        "READ after the OSD is back: {again:?}"
+    );
+    let data = again.payload();
+    assert_eq!(&data[..4096], &old[..4096]);
+    assert!(
+        data[4096..] == old[4096..] || data[4096..] == new[..],
+        "the second block is neither the old bytes nor the late write's"
+    );
     assert!(h.alive());
 }

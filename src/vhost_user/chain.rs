@@ -687,7 +687,7 @@ fn serve_mapped<F>(
 where
     F: Servable,
 {
-    let private_reply = header.opcode != FUSE_READ && r.writable_len <= REPLY_COPY;
+    let private_reply = reply_private(header.opcode, r);
     let copied = copied_len(header, r);
     // A request whose data libcephfs moves in place (a WRITE's, a READ's) or whose reply goes
     // straight into the guest's buffers touches guest memory while it is served: it holds its
@@ -767,10 +767,17 @@ where
     outcome
 }
 
+/// Whether `r`'s reply is written into private memory first: every reply that fits, but a
+/// READ's data, which goes straight into the guest's buffers unless `--request-deadline` may
+/// answer it first (`deadline`).
+fn reply_private(opcode: u32, r: &Request) -> bool {
+    r.writable_len <= REPLY_COPY && (opcode != FUSE_READ || deadline::on())
+}
+
 /// What of `r` is copied into private memory: all of a request but a WRITE, whose data stays
-/// where it is.
+/// where it is unless `--request-deadline` may answer it first (`deadline`).
 fn copied_len(header: InHeader, r: &Request) -> usize {
-    if header.opcode == FUSE_WRITE {
+    if header.opcode == FUSE_WRITE && !deadline::on() {
         r.readable_len
             .min(size_of::<InHeader>() + size_of::<WriteIn>())
     } else {
@@ -922,9 +929,13 @@ where
     F: Servable,
 {
     use crate::server::nonblocking::Started;
+    // The async path moves data in place: nothing the bound could answer first.
+    if deadline::on() {
+        return None;
+    }
     let header = r.header.filter(|_| r.fault.is_none())?;
     let mem: &GuestMemoryMmap<GuestBitmap> = mem;
-    let private_reply = header.opcode != FUSE_READ && r.writable_len <= REPLY_COPY;
+    let private_reply = reply_private(header.opcode, r);
     PRIVATE.with(|p| {
         let mut p = p.borrow_mut();
         let m = mapped(&mut p).ok()?;
@@ -1186,7 +1197,7 @@ pub(super) fn claim(
             && deadline::eligible(
                 h.opcode,
                 r.readable_len <= REQUEST_COPY,
-                h.opcode != FUSE_READ && r.writable_len <= REPLY_COPY,
+                reply_private(h.opcode, r),
                 r.writable_len,
             )
     })?;

@@ -10,10 +10,13 @@
 //! touches the guest's buffers and the used ring.
 //!
 //! Only requests whose bytes were copied out of guest memory and whose reply goes to the
-//! private buffer are bounded ([`eligible`]): a WRITE's data and a READ's reply live in guest
-//! memory while libcephfs works on them, and a guest buffer given back early could be rewritten
-//! under a write still in flight, or read before its data arrived. Neither are locks (SETLK,
-//! SETLKW: the guest must know whether it holds one), nor requests without a reply.
+//! private buffer are bounded ([`eligible`]): a guest buffer given back early could otherwise
+//! be rewritten under a write still in flight, or read before its data arrived. With the bound
+//! on, a WRITE's data is copied too and a READ's reply goes to the private buffer first (one
+//! copy each, paid only then), and guests are offered READs and WRITEs of at most [`IO_MAX`]
+//! bytes, so that every one fits; nor do they take the async path (`nonblocking`), which
+//! moves data in place. Not bounded: locks (SETLK, SETLKW: the guest must know whether it
+//! holds one), and requests without a reply.
 //!
 //! The errno is Linux's own CephFS client's for an MDS request that ran out of time
 //! (`ceph_mdsc_wait_request` in fs/ceph/mds_client.c: ETIMEDOUT), as its OSD requests with
@@ -31,11 +34,15 @@ use fuse_backend_rs::abi::fuse_abi::InHeader;
 use tracing::{info, warn};
 use vm_memory::ByteValued;
 
-use super::chain::{copy_out, give_back, Bufs};
+use std::mem::size_of;
+
+use fuse_backend_rs::abi::fuse_abi::WriteIn;
+
+use super::chain::{copy_out, give_back, Bufs, REPLY_COPY, REQUEST_COPY};
 use super::{MemGuard, Vring};
 use crate::wire::{
     error_header, FUSE_BATCH_FORGET, FUSE_DESTROY, FUSE_FORGET, FUSE_INIT, FUSE_INTERRUPT,
-    FUSE_NOTIFY_REPLY, FUSE_READ, FUSE_SETLK, FUSE_SETLKW, FUSE_WRITE, OUT_HEADER_LEN,
+    FUSE_NOTIFY_REPLY, FUSE_SETLK, FUSE_SETLKW, OUT_HEADER_LEN,
 };
 
 fn op_name(opcode: u32) -> &'static str {
@@ -46,10 +53,30 @@ fn op_name(opcode: u32) -> &'static str {
 static BOUND_MS: AtomicU64 = AtomicU64::new(0);
 static TIMER: OnceLock<Arc<Timer>> = OnceLock::new();
 
-/// Turn the bound on (`Some`) or off for the requests served from now on.
+/// Turn the bound on (`Some`) or off for the requests served from now on. With it on, guests
+/// are offered READs and WRITEs no larger than the private buffers (`IO_MAX`) at their next
+/// FUSE_INIT, so that every one of them can be bounded.
 pub fn set_request_deadline(bound: Option<Duration>) {
     let ms = bound.map_or(0, |b| u64::try_from(b.as_millis()).unwrap_or(u64::MAX));
     BOUND_MS.store(ms, Ordering::Release);
+    crate::server::limit_io(bound.map(|_| IO_MAX));
+}
+
+/// The most data of a READ or WRITE while the bound is on: a READ's reply (out-header and
+/// data) must fit the private reply buffer, a WRITE (in-header, write-in and data) the private
+/// request copy. 124 KiB, whole pages.
+#[allow(clippy::as_conversions, clippy::cast_possible_truncation)] // constants, checked below
+const IO_MAX: u32 = {
+    let reply = REPLY_COPY - OUT_HEADER_LEN;
+    let request = REQUEST_COPY - size_of::<InHeader>() - size_of::<WriteIn>();
+    let least = if reply < request { reply } else { request };
+    assert!(least <= u32::MAX as usize);
+    (least as u32 / 4096) * 4096
+};
+
+/// Whether the bound is on.
+pub(super) fn on() -> bool {
+    BOUND_MS.load(Ordering::Relaxed) != 0
 }
 
 fn bound() -> Option<Duration> {
@@ -71,9 +98,7 @@ pub(super) fn eligible(
         && room >= OUT_HEADER_LEN
         && !matches!(
             opcode,
-            FUSE_READ
-                | FUSE_WRITE
-                | FUSE_SETLK
+            FUSE_SETLK
                 | FUSE_SETLKW
                 | FUSE_FORGET
                 | FUSE_BATCH_FORGET

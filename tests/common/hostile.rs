@@ -509,7 +509,7 @@ pub fn hostile_daemon(lab: &Lab, name: &str, extra: &[&str]) -> (Daemon, String,
 
 /// A Ceph cluster of a test's own, for attacks that may take the MDS down (which must not end
 /// the shared lab cluster for every other test). Stopped when dropped.
-/// An MDS [`PrivateCluster::stop_mds`] stopped; dropping it resumes the MDS.
+/// An MDS (or OSD) [`PrivateCluster::stop_mds`] stopped; dropping it resumes it.
 pub struct StoppedMds(i32);
 
 impl Drop for StoppedMds {
@@ -527,7 +527,12 @@ pub struct PrivateCluster {
 impl PrivateCluster {
     /// The pid of the cluster's mds.`id`, from its pid file.
     pub fn mds_pid(&self, id: &str) -> i32 {
-        let p = self.dir.join(format!("pids/mds.{id}.pid"));
+        self.pid(&format!("mds.{id}"))
+    }
+
+    /// The pid of the cluster's daemon `who` (`mds.a`, `osd.0`), from its pid file.
+    fn pid(&self, who: &str) -> i32 {
+        let p = self.dir.join(format!("pids/{who}.pid"));
         std::fs::read_to_string(&p)
             .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
             .trim()
@@ -538,7 +543,16 @@ impl PrivateCluster {
     /// Stop mds.`id` (SIGSTOP) until the guard is dropped: it resumes the MDS (SIGCONT) even
     /// when the test fails half-way, so the cluster can be stopped.
     pub fn stop_mds(&self, id: &str) -> StoppedMds {
-        let pid = self.mds_pid(id);
+        self.stop(&format!("mds.{id}"))
+    }
+
+    /// [`Self::stop_mds`] for osd.`id`: every read and write that reaches the OSDs waits.
+    pub fn stop_osd(&self, id: &str) -> StoppedMds {
+        self.stop(&format!("osd.{id}"))
+    }
+
+    fn stop(&self, who: &str) -> StoppedMds {
+        let pid = self.pid(who);
         // SAFETY: kill(2) with a pid read from the cluster's pid file; no memory is involved.
         let rc = unsafe { libc::kill(pid, libc::SIGSTOP) };
         assert_eq!(
