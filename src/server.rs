@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, LkIn, OutHeader, WriteOut};
+use fuse_backend_rs::abi::fuse_abi::{
+    CopyFileRangeIn, CreateIn, EntryOut, InHeader, LkIn, OpenOut, OutHeader, WriteOut,
+};
 use fuse_backend_rs::api::filesystem::{Context, FileLock, FileSystem};
 use fuse_backend_rs::api::server::Server;
 use fuse_backend_rs::transport::{Reader, Writer};
@@ -43,18 +45,23 @@ pub use ops::{AsyncOps, Servable, SessionOps, WireOps};
 pub use ops::{AsyncReply, AsyncStart};
 
 use crate::wire::{
-    self, ReplyHead, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS, OUT_HEADER_LEN, REPLY_HEAD_LEN,
+    self, ReplyHead, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS, FUSE_TMPFILE, OUT_HEADER_LEN,
+    REPLY_HEAD_LEN,
 };
 
 /// The opcodes the daemon serves; everything else is answered ENOSYS before fuse-backend-rs
 /// sees it. Linux `include/uapi/linux/fuse.h`: 7 (the old FUSE_BMAP slot) and 19 were never
 /// assigned; BMAP (37, block devices), IOCTL (39), POLL (40), NOTIFY_REPLY (41, we send no
 /// notifications) and SETUPMAPPING/REMOVEMAPPING (48, 49, DAX, not offered) are not served;
-/// TMPFILE (51) and later ones are unknown to fuse-backend-rs 0.14; STATX (52) is decoded by
+/// SYNCFS (50), TMPFILE (51) and later ones are unknown to fuse-backend-rs 0.14: the first two
+/// are decoded here, STATX (52) by
 /// `copied` (the transport sends it there whenever its reply fits the private buffer, as
 /// Linux's 288-byte one does; with a larger room fuse-backend-rs answers ENOSYS).
 pub fn is_served(opcode: u32) -> bool {
-    matches!(opcode, 1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS | wire::FUSE_STATX)
+    matches!(
+        opcode,
+        1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS | FUSE_TMPFILE | wire::FUSE_STATX
+    )
 }
 
 thread_local! {
@@ -303,6 +310,7 @@ where
         match header.opcode {
             FUSE_COPY_FILE_RANGE => self.copy_file_range(&header, peek, writer),
             FUSE_SYNCFS => self.syncfs(&header, peek, writer),
+            FUSE_TMPFILE => self.tmpfile(&header, peek, writer),
             FUSE_SETLKW if on_queue_thread() => {
                 // The dispatch sends SETLKW to a thread of its own; this is the fallback when
                 // none could be started. Waiting here would stall the queue that carries the
@@ -390,6 +398,54 @@ where
         });
         match result {
             Ok(()) => reply::<WriteOut, S>(header.unique, writer, None),
+            Err(e) => reply_error(header.unique, writer, &e),
+        }
+    }
+
+    /// FUSE_TMPFILE: `struct fuse_create_in` and the name of the kernel's tmpfile dentry
+    /// ("/", or empty), within the declared length; answered as CREATE is, with an entry and
+    /// an open handle.
+    fn tmpfile<S: BitmapSlice>(
+        &self,
+        header: &InHeader,
+        mut reader: Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, ServerError> {
+        let result = Self::read_in::<CreateIn, S>(header, &mut reader).and_then(|arg| {
+            // The dispatch checked that the declared length lies within the chain.
+            let declared = usize::try_from(header.len).unwrap_or(usize::MAX);
+            let name_len = declared - size_of::<InHeader>() - size_of::<CreateIn>();
+            let mut name = [0u8; 2];
+            let name = name
+                .get_mut(..name_len)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            reader
+                .read_exact(name)
+                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+            if !matches!(&*name, b"\0" | b"/\0") {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            let ctx = self.context(header)?;
+            self.fs.tmpfile(&ctx, header.nodeid, arg)
+        });
+        match result {
+            Ok((entry, fh, opts)) => {
+                let open = OpenOut {
+                    fh,
+                    open_flags: opts.bits(),
+                    ..Default::default()
+                };
+                let mut body = [0u8; size_of::<EntryOut>() + size_of::<OpenOut>()];
+                let (e, o) = body.split_at_mut(size_of::<EntryOut>());
+                e.copy_from_slice(EntryOut::from(entry).as_slice());
+                o.copy_from_slice(open.as_slice());
+                let header = OutHeader {
+                    len: u32::try_from(size_of::<OutHeader>() + body.len()).unwrap_or(u32::MAX),
+                    error: 0,
+                    unique: header.unique,
+                };
+                write_reply(writer, header, &body)
+            }
             Err(e) => reply_error(header.unique, writer, &e),
         }
     }
@@ -484,6 +540,7 @@ fn in_struct_len(opcode: u32) -> usize {
         46 => size_of::<LseekIn>(),
         FUSE_COPY_FILE_RANGE => size_of::<CopyFileRangeIn>(),
         FUSE_SYNCFS => size_of::<SyncfsIn>(),
+        FUSE_TMPFILE => size_of::<CreateIn>(),
         wire::FUSE_STATX => wire::STATX_IN_LEN,
         _ => 0,
     }
@@ -492,15 +549,14 @@ fn in_struct_len(opcode: u32) -> usize {
 /// The whole reply of a request that makes a node or a handle for the guest (an entry, an
 /// open handle, or both); 0 for the others, whose replies carry no state.
 fn reply_len(opcode: u32) -> usize {
-    use fuse_backend_rs::abi::fuse_abi::{EntryOut, OpenOut};
     let out = size_of::<OutHeader>();
     match opcode {
         // LOOKUP, SYMLINK, MKNOD, MKDIR, LINK
         1 | 6 | 8 | 9 | 13 => out + size_of::<EntryOut>(),
         // OPEN, OPENDIR
         14 | 27 => out + size_of::<OpenOut>(),
-        // CREATE
-        35 => out + size_of::<EntryOut>() + size_of::<OpenOut>(),
+        // CREATE, TMPFILE
+        35 | FUSE_TMPFILE => out + size_of::<EntryOut>() + size_of::<OpenOut>(),
         _ => 0,
     }
 }

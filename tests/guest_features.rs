@@ -5,13 +5,15 @@
 //!   statx reports through libcephfs.
 //! - Backward reads: a reverse 4 KiB-stride scan of a file another client wrote (which the
 //!   daemon reads behind, src/fs/data.rs) reads its bytes, as a forward scan does.
+//! - FUSE_TMPFILE: O_TMPFILE files linked by name (read back by another client), refused a
+//!   link with O_EXCL, and gone when closed (nothing left in CephFS).
 
 mod common;
 
 use std::ffi::CString;
 
 use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS, CEPH_STATX_BTIME};
-use common::{ceph_dir, ceph_lookup, run_guest_env, Daemon, Lab};
+use common::{ceph_dir, ceph_lookup, ceph_read_all, run_guest_env, Daemon, Lab};
 
 /// The newest kernel: these features are Linux 6.6+ (STATX) and later.
 const KERNEL: [(&str, &str); 1] = [("GUEST_KERNEL_SUITE", "forky")];
@@ -140,4 +142,52 @@ fn a_reverse_stride_scan_in_the_guest_reads_what_another_client_wrote() {
             .unwrap_or_else(|| panic!("no {tag} line"));
         assert_eq!(line, format!("{tag} {want}"), "{tag}: the bytes differ");
     }
+}
+
+/// Names in `dir` through another CephFS client ("." and ".." left out).
+fn ceph_names(m: &ceph_client::Mount, dir: &ceph_client::Inode) -> Vec<String> {
+    let mut d = m.opendir(dir, &UserPerm::root()).unwrap();
+    let mut names = Vec::new();
+    while let Some(e) = d.readdirplus(CEPH_STATX_BASIC_STATS, 0, false).unwrap() {
+        let n = String::from_utf8_lossy(&e.name[..]).into_owned();
+        if n != "." && n != ".." {
+            names.push(n);
+        }
+    }
+    names.sort();
+    names
+}
+
+/// O_TMPFILE (FUSE_TMPFILE, src/fs/tmpfile.rs), by tests/guest/tmpfile.c in the guest: a
+/// tmpfile shows nlink 0, is linked by `linkat(AT_EMPTY_PATH)` and through /proc/self/fd, an
+/// O_EXCL one cannot be (ENOENT), one closed without a link is gone, and the daemon's private
+/// name never shows in the guest's listing. Another CephFS client then reads the data at the
+/// linked names, and finds nothing else in the directory: no private name left behind.
+#[test]
+fn o_tmpfile_in_the_guest_is_linked_by_name_and_gone_when_closed() {
+    let lab = Lab::get();
+    let name = format!("feat-tmpfile-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\nmkdir /mnt/t || exit 1\n/opt/tmpfile /mnt/t\n";
+    let adds = [(lab.guest_bin.join("tmpfile"), "/opt/tmpfile")];
+    let run = run_guest_env(&lab, &work, &daemon, script, &adds, 600, &KERNEL);
+    assert!(
+        run.console.contains("TMPFILE PASSED"),
+        "guest checks failed (console above)"
+    );
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    let m = lab.ceph();
+    let dir = ceph_dir(&m, &format!("{export}/t"));
+    assert_eq!(
+        ceph_names(&m, &dir),
+        ["linked", "linked2"],
+        "the directory holds the linked names and nothing else"
+    );
+    assert_eq!(
+        ceph_read_all(&m, &dir, "linked"),
+        b"linked by AT_EMPTY_PATH\n"
+    );
+    assert_eq!(ceph_read_all(&m, &dir, "linked2"), b"linked by /proc\n");
 }

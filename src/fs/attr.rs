@@ -194,10 +194,9 @@ impl CephFs {
         let st = self
             .mount()
             .getattr(&*self.inode(&node)?, WANT, 0, &self.perm(ctx))?;
-        Ok((
-            to_stat(&st, &self.cfg.idmap),
-            self.policy.ttl(self.class(&node)).attr,
-        ))
+        let mut attr = to_stat(&st, &self.cfg.idmap);
+        self.tmpfile_nlink(node.id, &mut attr);
+        Ok((attr, self.policy.ttl(self.class(&node)).attr))
     }
 
     /// [`Self::do_getattr`] with the birth time CephFS keeps (`CEPH_STATX_BTIME`), for STATX.
@@ -219,11 +218,9 @@ impl CephFs {
                 Some((t.tv_sec, u32::try_from(t.tv_nsec).ok()?))
             })
             .flatten();
-        Ok((
-            to_stat(&st, &self.cfg.idmap),
-            btime,
-            self.policy.ttl(self.class(&node)).attr,
-        ))
+        let mut attr = to_stat(&st, &self.cfg.idmap);
+        self.tmpfile_nlink(node.id, &mut attr);
+        Ok((attr, btime, self.policy.ttl(self.class(&node)).attr))
     }
 
     pub(super) fn do_setattr(
@@ -296,10 +293,9 @@ impl CephFs {
         }
         self.after_setattr(&node, mask, kill)?;
         let out = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
-        Ok((
-            to_stat(&out, &self.cfg.idmap),
-            self.policy.ttl(self.class(&node)).attr,
-        ))
+        let mut attr = to_stat(&out, &self.cfg.idmap);
+        self.tmpfile_nlink(node.id, &mut attr);
+        Ok((attr, self.policy.ttl(self.class(&node)).attr))
     }
 
     pub(super) fn do_statfs(&self, ctx: &Caller, inode: u64) -> io::Result<statvfs64> {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ceph_client::{File, Inode};
 use fuse_backend_rs::abi::fuse_abi::WRITE_KILL_PRIV;
-use fuse_backend_rs::api::filesystem::{Context, ZeroCopyReader, ZeroCopyWriter};
+use fuse_backend_rs::api::filesystem::{Context, Entry, ZeroCopyReader, ZeroCopyWriter};
 use fuse_backend_rs::file_buf::FileVolatileSlice;
 use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 
@@ -511,6 +511,17 @@ impl FileReadWriteVolatile for CephIo<'_> {
 }
 
 impl WireOps for CephFs {
+    fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        args: fuse_backend_rs::abi::fuse_abi::CreateIn,
+    ) -> io::Result<(Entry, u64, fuse_backend_rs::abi::fuse_abi::OpenOptions)> {
+        self.writable()?;
+        let ctx = &self.caller(ctx)?;
+        self.do_tmpfile(ctx, parent, args)
+    }
+
     fn statx(
         &self,
         ctx: &Context,

@@ -1,7 +1,7 @@
 //! What the server asks of a filesystem beyond fuse-backend-rs's [`FileSystem`], one trait per
 //! concern, each named by the code that calls it:
 //! - [`WireOps`]: the opcodes fuse-backend-rs 0.14 does not dispatch and the pre-dispatch serves
-//!   (COPY_FILE_RANGE, SYNCFS);
+//!   (COPY_FILE_RANGE, SYNCFS, TMPFILE, STATX);
 //! - [`SessionOps`]: the storage session behind the filesystem, lost and recovered (the server
 //!   reports a lost one, the daemon waits for it and replaces it);
 //! - [`AsyncOps`]: READ and WRITE served without a thread waiting on the storage (the server's
@@ -48,6 +48,22 @@ pub trait WireOps {
 
     /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
     fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
+
+    /// FUSE_TMPFILE (Linux 6.1+, protocol 7.37; `open(dir, O_TMPFILE)`): CREATE's answer,
+    /// the entry and open handle of a new regular file in directory `parent` that has no
+    /// name. ENOSYS (the guest then answers EOPNOTSUPP and asks no more) unless served.
+    fn tmpfile(
+        &self,
+        _ctx: &Context,
+        _parent: u64,
+        _args: fuse_backend_rs::abi::fuse_abi::CreateIn,
+    ) -> io::Result<(
+        fuse_backend_rs::api::filesystem::Entry,
+        u64,
+        fuse_backend_rs::abi::fuse_abi::OpenOptions,
+    )> {
+        Err(io::Error::from_raw_os_error(libc::ENOSYS))
+    }
 
     /// FUSE_STATX (Linux 6.6+ sends it when a statx(2) asks for the birth time): GETATTR's
     /// attributes and TTL, and the birth time. ENOSYS (the guest then asks GETATTR) unless
