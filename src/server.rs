@@ -18,7 +18,7 @@
 use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::mem::size_of;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,7 +27,7 @@ use fuse_backend_rs::abi::fuse_abi::{
 };
 use fuse_backend_rs::api::filesystem::{Context, FileLock, FileSystem};
 use fuse_backend_rs::api::server::Server;
-use fuse_backend_rs::transport::{Reader, Writer};
+use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
@@ -87,6 +87,19 @@ struct SyncfsIn {
 // SAFETY: plain-old-data struct of one integer: every bit pattern is valid, no padding.
 unsafe impl ByteValued for SyncfsIn {}
 
+/// `struct fuse_setxattr_in` when FUSE_SETXATTR_EXT is negotiated (fuse-backend-rs 0.14 knows
+/// only the first two fields).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct SetxattrInExt {
+    size: u32,
+    flags: u32,
+    setxattr_flags: u32,
+    padding: u32,
+}
+// SAFETY: plain-old-data struct of four u32: every bit pattern is valid, no padding.
+unsafe impl ByteValued for SetxattrInExt {}
+
 /// Transport-level failures: the request could not be answered at all. Filesystem errors are
 /// not here; they become replies carrying an errno.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +127,11 @@ pub struct FuseServer<F: FileSystem + Send + Sync> {
     /// The protocol minor the guest's FUSE_INIT asked for (as fuse-backend-rs keeps it; the
     /// newest it speaks until an INIT comes), for the requests served from a copy (`copied`).
     minor: AtomicU32,
+    /// The INIT flags (`flags | flags2 << 32`) the guest offered; 0 until a protocol-7 INIT.
+    offered: AtomicU64,
+    /// FUSE_SETXATTR_EXT was negotiated: SETXATTR carries the longer `fuse_setxattr_in`, which
+    /// fuse-backend-rs 0.14 cannot decode ([`Self::setxattr_ext`] does).
+    setxattr_ext: AtomicBool,
 }
 
 impl<F: FileSystem + Send + Sync> std::fmt::Debug for FuseServer<F> {
@@ -131,6 +149,8 @@ where
             server: Server::new(fs.clone()),
             fs,
             minor: AtomicU32::new(fuse_backend_rs::abi::fuse_abi::KERNEL_MINOR_VERSION),
+            offered: AtomicU64::new(0),
+            setxattr_ext: AtomicBool::new(false),
         }
     }
 
@@ -286,14 +306,69 @@ where
     /// fuse-backend-rs records; a newer major is answered with 7 and no minor recorded).
     fn note_init<S: BitmapSlice>(&self, body: &Reader<'_, S>) {
         use fuse_backend_rs::abi::fuse_abi::InitIn;
-        let mut head = [0u8; size_of::<InitIn>()];
-        if peek(&mut body.clone(), &mut head) == head.len() {
-            if let Some(init) = InitIn::from_slice(&head) {
-                if init.major == fuse_backend_rs::abi::fuse_abi::KERNEL_VERSION {
-                    self.minor.store(init.minor, Ordering::Relaxed);
-                }
+        self.offered.store(0, Ordering::Relaxed);
+        self.setxattr_ext.store(false, Ordering::Relaxed);
+        // fuse_init_in, and its flags2 after it when INIT_EXT is set.
+        let mut head = [0u8; size_of::<InitIn>() + 4];
+        let got = peek(&mut body.clone(), &mut head);
+        let Some(init) = head.get(..size_of::<InitIn>()).and_then(InitIn::from_slice) else {
+            return;
+        };
+        if got < size_of::<InitIn>() || init.major != fuse_backend_rs::abi::fuse_abi::KERNEL_VERSION
+        {
+            return;
+        }
+        self.minor.store(init.minor, Ordering::Relaxed);
+        let mut offered = u64::from(init.flags);
+        if offered & wire::FUSE_INIT_EXT != 0 && got == head.len() {
+            let flags2 = head
+                .get(size_of::<InitIn>()..)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u32::from_le_bytes);
+            offered |= u64::from(flags2) << 32;
+        }
+        self.offered.store(offered, Ordering::Relaxed);
+    }
+
+    /// After fuse-backend-rs answered INIT with `n` bytes through a clone of `reply`: the
+    /// flags it cannot negotiate (unknown to its `FsOptions`, which drops them from what the
+    /// guest offered) that the guest offered and the filesystem wants
+    /// ([`WireOps::init_flags`]) are added to the answer's `flags` and `flags2`, in place.
+    /// fuse-backend-rs's own flags there are `offered & wanted` over the bits it knows, so
+    /// the words are written whole. SETXATTR_EXT, once on, is noted for [`Self::dispatch`].
+    fn extend_init<S: BitmapSlice>(&self, n: usize, reply: &VirtioFsWriter<'_, S>) {
+        use fuse_backend_rs::abi::fuse_abi::{FsOptions, InitOut};
+        let offered = self.offered.load(Ordering::Relaxed);
+        let want = self.fs.init_flags();
+        let extra = offered & want & !FsOptions::all().bits();
+        // Only a whole fuse_init_out carries flags2; an error reply (or a major-version
+        // answer, after which `offered` is 0) is left as it is.
+        if extra == 0 || n != OUT_HEADER_LEN + size_of::<InitOut>() {
+            return;
+        }
+        let flags = (FsOptions::from_bits_truncate(offered).bits() & want) | extra;
+        let words = [
+            (OUT_HEADER_LEN + 12, flags as u32),
+            (OUT_HEADER_LEN + 32, (flags >> 32) as u32),
+        ];
+        for (at, word) in words {
+            let written = reply
+                .clone()
+                .split_at(at)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+                .and_then(|mut w| w.write_all(&word.to_le_bytes()));
+            if let Err(e) = written {
+                tracing::warn!(%e, "Cannot add the daemon's own flags to the INIT reply");
+                return;
             }
         }
+        let ext = extra & wire::FUSE_SETXATTR_EXT != 0;
+        self.setxattr_ext.store(ext, Ordering::Relaxed);
+        tracing::info!(
+            flags = format_args!("{extra:#x}"),
+            setxattr_ext = ext,
+            "INIT: flags fuse-backend-rs does not know, negotiated by the daemon"
+        );
     }
 
     fn dispatch<S: BitmapSlice>(
@@ -311,6 +386,24 @@ where
             FUSE_COPY_FILE_RANGE => self.copy_file_range(&header, peek, writer),
             FUSE_SYNCFS => self.syncfs(&header, peek, writer),
             FUSE_TMPFILE => self.tmpfile(&header, peek, writer),
+            wire::FUSE_SETXATTR if self.setxattr_ext.load(Ordering::Relaxed) => {
+                self.setxattr_ext(&header, peek, writer)
+            }
+            wire::FUSE_INIT => {
+                // A second writer over the same reply buffers (the virtiofs one is Clone).
+                let reply = match &writer {
+                    Writer::VirtioFs(w) => Some(w.clone()),
+                    _ => None,
+                };
+                let r = self
+                    .server
+                    .handle_message(reader, writer, None, None)
+                    .map_err(ServerError::Fuse);
+                if let (Ok(n), Some(reply)) = (&r, reply) {
+                    self.extend_init(*n, &reply);
+                }
+                r
+            }
             FUSE_SETLKW if on_queue_thread() => {
                 // The dispatch sends SETLKW to a thread of its own; this is the fallback when
                 // none could be started. Waiting here would stall the queue that carries the
@@ -446,6 +539,52 @@ where
                 };
                 write_reply(writer, header, &body)
             }
+            Err(e) => reply_error(header.unique, writer, &e),
+        }
+    }
+
+    /// SETXATTR with SETXATTR_EXT negotiated: `struct fuse_setxattr_in` of 16 bytes (size,
+    /// flags, setxattr_flags, padding), then the name and its NUL, then `size` bytes of value,
+    /// all within the declared length; refused as fuse-backend-rs refuses the short form (a
+    /// name without its NUL, a value of another size: EINVAL). With
+    /// FUSE_SETXATTR_ACL_KILL_SGID on a POSIX access ACL, the file's setgid bit is cleared
+    /// after the ACL is set ([`WireOps::acl_kill_sgid`]): the guest kernel found the caller
+    /// neither in the file's group nor holding CAP_FSETID (`posix_acl_update_mode`).
+    fn setxattr_ext<S: BitmapSlice>(
+        &self,
+        header: &InHeader,
+        mut reader: Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, ServerError> {
+        let result = Self::read_in::<SetxattrInExt, S>(header, &mut reader).and_then(|arg| {
+            let einval = || io::Error::from_raw_os_error(libc::EINVAL);
+            // The dispatch checked that the declared length lies within the chain.
+            let declared = usize::try_from(header.len).unwrap_or(usize::MAX);
+            let len = declared - size_of::<InHeader>() - size_of::<SetxattrInExt>();
+            // A name (at most 255 bytes) and a value of at most XATTR_SIZE_MAX.
+            if len > 256 + 65536 {
+                return Err(io::Error::from_raw_os_error(libc::E2BIG));
+            }
+            let mut buf = vec![0u8; len];
+            reader.read_exact(&mut buf).map_err(|_| einval())?;
+            let nul = buf.iter().position(|b| *b == 0).ok_or_else(einval)?;
+            let (name, value) = buf.split_at(nul + 1);
+            if usize::try_from(arg.size).ok() != Some(value.len()) {
+                return Err(einval());
+            }
+            let name = std::ffi::CStr::from_bytes_with_nul(name).map_err(|_| einval())?;
+            let ctx = self.context(header)?;
+            self.fs
+                .setxattr(&ctx, header.nodeid, name, value, arg.flags)?;
+            if arg.setxattr_flags & wire::FUSE_SETXATTR_ACL_KILL_SGID != 0
+                && name.to_bytes() == b"system.posix_acl_access"
+            {
+                self.fs.acl_kill_sgid(&ctx, header.nodeid)?;
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => reply::<WriteOut, S>(header.unique, writer, None),
             Err(e) => reply_error(header.unique, writer, &e),
         }
     }

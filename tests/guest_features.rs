@@ -7,6 +7,8 @@
 //!   daemon reads behind, src/fs/data.rs) reads its bytes, as a forward scan does.
 //! - FUSE_TMPFILE: O_TMPFILE files linked by name (read back by another client), refused a
 //!   link with O_EXCL, and gone when closed (nothing left in CephFS).
+//! - FUSE_SETXATTR_EXT: negotiated, and xattrs set with the longer request read back by
+//!   another client.
 
 mod common;
 
@@ -190,4 +192,42 @@ fn o_tmpfile_in_the_guest_is_linked_by_name_and_gone_when_closed() {
         b"linked by AT_EMPTY_PATH\n"
     );
     assert_eq!(ceph_read_all(&m, &dir, "linked2"), b"linked by /proc\n");
+}
+
+/// FUSE_SETXATTR_EXT: forky's kernel offers it, the daemon takes it (its log says so), and
+/// every SETXATTR then carries the longer `fuse_setxattr_in` the daemon decodes itself
+/// (src/server.rs): xattrs set in the guest (tests/guest/setxattr.c, with XATTR_CREATE and
+/// XATTR_REPLACE) are what another CephFS client reads.
+#[test]
+fn setxattr_ext_in_the_guest_sets_what_another_client_reads() {
+    let lab = Lab::get();
+    let name = format!("feat-setxattr-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\necho data > /mnt/x || exit 1\n/opt/setxattr /mnt/x\n";
+    let adds = [(lab.guest_bin.join("setxattr"), "/opt/setxattr")];
+    let run = run_guest_env(&lab, &work, &daemon, script, &adds, 600, &KERNEL);
+    assert!(
+        run.console.contains("SETXATTR PASSED"),
+        "guest checks failed (console above)"
+    );
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    assert!(
+        daemon.log_text().contains("setxattr_ext=true"),
+        "the daemon did not negotiate SETXATTR_EXT with forky's kernel"
+    );
+    let m = lab.ceph();
+    let dir = ceph_dir(&m, &export);
+    let (ino, _) = ceph_lookup(&m, &dir, "x").unwrap();
+    let get = |n: &str| {
+        let mut buf = vec![0u8; 8192];
+        let k = m
+            .getxattr(&ino, &CString::new(n).unwrap(), &mut buf, &UserPerm::root())
+            .unwrap_or_else(|e| panic!("getxattr {n}: {e}"));
+        buf.truncate(k);
+        buf
+    };
+    assert_eq!(get("user.a"), b"value two");
+    assert_eq!(get("user.big"), vec![b'b'; 4000]);
 }

@@ -511,6 +511,17 @@ impl FileReadWriteVolatile for CephIo<'_> {
 }
 
 impl WireOps for CephFs {
+    /// What `init` wanted, and SETXATTR_EXT: the longer SETXATTR is decoded by the server,
+    /// which hands its ACL_KILL_SGID to [`Self::acl_kill_sgid`].
+    fn init_flags(&self) -> u64 {
+        self.init_want.load(Ordering::Relaxed) | crate::wire::FUSE_SETXATTR_EXT
+    }
+
+    fn acl_kill_sgid(&self, ctx: &Context, ino: u64) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
+        self.do_acl_kill_sgid(ctx, ino)
+    }
+
     fn tmpfile(
         &self,
         ctx: &Context,

@@ -187,6 +187,8 @@ pub struct CephFs {
     recovery: recover::Recovery,
     /// The open O_TMPFILE files and their private names ([`tmpfile`]).
     tmpfiles: tmpfile::TmpFiles,
+    /// The flags the last FUSE_INIT was answered with wanting (`FsOptions` bits).
+    init_want: AtomicU64,
     /// READs and WRITEs of O_DIRECT handles in flight without a thread waiting ([`aio`]).
     #[cfg(libcephfs_nonblocking)]
     aio: aio::Aio,
@@ -291,6 +293,7 @@ impl CephFs {
             migration: state::Migration::default(),
             recovery: recover::Recovery::default(),
             tmpfiles: tmpfile::TmpFiles::default(),
+            init_want: AtomicU64::new(0),
             #[cfg(libcephfs_nonblocking)]
             aio: aio::Aio::default(),
         })
@@ -555,6 +558,7 @@ impl FileSystem for CephFs {
             self.end_session();
         }
         tracing::info!(killpriv_v2 = on, cache = %self.cfg.cache, "FUSE session starts");
+        self.init_want.store(want.bits(), Ordering::Relaxed);
         Ok(want)
     }
 

@@ -65,6 +65,21 @@ pub trait WireOps {
         Err(io::Error::from_raw_os_error(libc::ENOSYS))
     }
 
+    /// The INIT flags (`flags | flags2 << 32`) the filesystem wants, as its `FileSystem::init`
+    /// answered them, plus those fuse-backend-rs 0.14 cannot negotiate (unknown to its
+    /// `FsOptions`): the server adds the latter to the INIT reply when the guest offered them.
+    /// Asked after each INIT. 0: none.
+    fn init_flags(&self) -> u64 {
+        0
+    }
+
+    /// FUSE_SETXATTR_ACL_KILL_SGID: after a POSIX access ACL was set on `ino`, clear its
+    /// setgid bit (the guest kernel found the caller neither in the file's group nor holding
+    /// CAP_FSETID).
+    fn acl_kill_sgid(&self, _ctx: &Context, _ino: u64) -> io::Result<()> {
+        Ok(())
+    }
+
     /// FUSE_STATX (Linux 6.6+ sends it when a statx(2) asks for the birth time): GETATTR's
     /// attributes and TTL, and the birth time. ENOSYS (the guest then asks GETATTR) unless
     /// the filesystem keeps birth times.
