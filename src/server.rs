@@ -348,8 +348,11 @@ where
         }
         let flags = (FsOptions::from_bits_truncate(offered).bits() & want) | extra;
         let words = [
-            (OUT_HEADER_LEN + 12, flags as u32),
-            (OUT_HEADER_LEN + 32, (flags >> 32) as u32),
+            (
+                OUT_HEADER_LEN + 12,
+                u32::try_from(flags & 0xffff_ffff).unwrap_or(0),
+            ),
+            (OUT_HEADER_LEN + 32, u32::try_from(flags >> 32).unwrap_or(0)),
         ];
         for (at, word) in words {
             let written = reply

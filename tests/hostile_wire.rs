@@ -201,7 +201,7 @@ fn hostile_tmpfile_requests_are_checked_and_private_names_stay_out_of_reach() {
             .0
     };
     let good = Body::new().bytes(&create_in(libc::O_RDWR)).name(b"/").0;
-    let mut tmpfile = |h: &mut Hostile, node: u64, body: &[u8], room: u32| {
+    let tmpfile = |h: &mut Hostile, node: u64, body: &[u8], room: u32| {
         let u = h.next_unique();
         h.raw(1, &request(op::FUSE_TMPFILE, u, node, None, body), room)
     };
@@ -319,6 +319,153 @@ fn hostile_tmpfile_requests_are_checked_and_private_names_stay_out_of_reach() {
     } else {
         f.check(false, format!("TMPFILE O_EXCL: want an entry, got {a:?}"));
     }
+    f.assert_none(&daemon);
+}
+
+/// SETXATTR in both sizes of `fuse_setxattr_in`: 8 bytes (size, flags) until an INIT offers
+/// FUSE_SETXATTR_EXT, which the daemon takes (its INIT reply says so) although fuse-backend-rs
+/// does not know it, then 16 (with setxattr_flags), decoded by the daemon itself; a body
+/// short of either, a value of another size than declared and a name without its NUL are
+/// EINVAL; an INIT without the flag brings the short form back. The daemon keeps serving.
+#[test]
+fn hostile_setxattr_in_both_struct_sizes_is_decoded_as_negotiated() {
+    const SETXATTR_EXT: u32 = 1 << 29;
+    let lab = Lab::get();
+    let (daemon, export, _m) = hostile_daemon(&lab, "hostile-setxattr", &[]);
+    let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
+    let mut f = Failures::new();
+    let init = |h: &mut Hostile, flags: u32| {
+        let body = Body::new()
+            .u32(7)
+            .u32(38)
+            .u32(0)
+            .u32(flags)
+            .bytes(&[0; 48])
+            .0;
+        let u = h.next_unique();
+        let a = h.raw(1, &request(op::FUSE_INIT, u, 0, None, &body), REPLY);
+        a.payload()
+            .get(12..16)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let short = |name: &[u8], value: &[u8], flags: u32| {
+        Body::new()
+            .u32(value.len() as u32)
+            .u32(flags)
+            .name(name)
+            .bytes(value)
+            .0
+    };
+    let long = |name: &[u8], value: &[u8], flags: u32, sx: u32| {
+        Body::new()
+            .u32(value.len() as u32)
+            .u32(flags)
+            .u32(sx)
+            .u32(0)
+            .name(name)
+            .bytes(value)
+            .0
+    };
+    let getxattr = |h: &mut Hostile, node: u64, name: &[u8]| {
+        let a = h.req(
+            op::FUSE_GETXATTR,
+            node,
+            &Body::new().u32(256).u32(0).name(name).0,
+        );
+        (a.error() == Some(0)).then(|| a.payload().to_vec())
+    };
+    // The hostile frontend's INIT offers no SETXATTR_EXT: the short form.
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    let a = h.req(op::FUSE_SETXATTR, file, &short(b"user.short", b"one", 0));
+    f.check(
+        errno_of(&a) == Some(0),
+        format!("SETXATTR, short form: want success, got {a:?}"),
+    );
+    f.check(
+        getxattr(&mut h, file, b"user.short").as_deref() == Some(&b"one"[..]),
+        "the short form's value does not read back",
+    );
+    // An INIT offering SETXATTR_EXT: the daemon takes it.
+    let flags = init(&mut h, SETXATTR_EXT);
+    f.check(
+        flags.is_some_and(|fl| fl & SETXATTR_EXT != 0),
+        format!("INIT offering SETXATTR_EXT: want it in the reply's flags, got {flags:x?}"),
+    );
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    for sx in [0u32, 1, 0xffff_ffff] {
+        let a = h.req(
+            op::FUSE_SETXATTR,
+            file,
+            &long(
+                b"user.long",
+                b"twenty-two",
+                libc::XATTR_CREATE as u32 * u32::from(sx == 0),
+                sx,
+            ),
+        );
+        f.check(
+            errno_of(&a) == Some(0),
+            format!("SETXATTR, long form, setxattr_flags {sx:#x}: want success, got {a:?}"),
+        );
+    }
+    f.check(
+        getxattr(&mut h, file, b"user.long").as_deref() == Some(&b"twenty-two"[..]),
+        "the long form's value does not read back",
+    );
+    let a = h.req(
+        op::FUSE_SETXATTR,
+        file,
+        &long(b"user.long", b"x", libc::XATTR_CREATE as u32, 0),
+    );
+    f.check(
+        errno_of(&a) == Some(libc::EEXIST),
+        format!("SETXATTR, long form, XATTR_CREATE of an existing name: want EEXIST, got {a:?}"),
+    );
+    let good = long(b"user.long", b"v", 0, 0);
+    let mut bad: Vec<(String, Vec<u8>)> = vec![
+        ("a body of 12 bytes".into(), good[..12].to_vec()),
+        ("a body of 15 bytes".into(), good[..15].to_vec()),
+        (
+            "a name without its NUL".into(),
+            Body::new().u32(0).u32(0).u32(0).u32(0).bytes(b"user.x").0,
+        ),
+        (
+            "a value shorter than declared".into(),
+            long(b"user.x", b"abc", 0, 0),
+        ),
+    ];
+    let mut wrong_size = long(b"user.x", b"abc", 0, 0);
+    wrong_size[0] = 2;
+    bad.push(("a value longer than declared".into(), wrong_size));
+    bad[3].1[0] = 9;
+    for (what, body) in bad {
+        let a = h.req(op::FUSE_SETXATTR, file, &body);
+        let what = format!("SETXATTR, long form, {what}");
+        f.check(
+            errno_of(&a) == Some(libc::EINVAL),
+            format!("{what}: want EINVAL, got {a:?}"),
+        );
+        f.survived(&mut h, &what, &a);
+    }
+    for n in [0u64, 2, 1 << 32, u64::MAX] {
+        let a = h.req(op::FUSE_SETXATTR, n, &good);
+        let what = format!("SETXATTR, long form, of node {n:#x}");
+        f.check(refused(&a), format!("{what}: want an errno, got {a:?}"));
+        f.survived(&mut h, &what, &a);
+    }
+    // An INIT without the flag: the short form again.
+    let flags = init(&mut h, 0);
+    f.check(
+        flags.is_some_and(|fl| fl & SETXATTR_EXT == 0),
+        format!("INIT without SETXATTR_EXT: want it off, got {flags:x?}"),
+    );
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    let a = h.req(op::FUSE_SETXATTR, file, &short(b"user.again", b"3", 0));
+    f.check(
+        errno_of(&a) == Some(0)
+            && getxattr(&mut h, file, b"user.again").as_deref() == Some(&b"3"[..]),
+        format!("SETXATTR, short form after a plain INIT: want success, got {a:?}"),
+    );
     f.assert_none(&daemon);
 }
 
