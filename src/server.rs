@@ -250,10 +250,21 @@ where
         let tracked = inflight::track(start, || request_info(&header, &peek, queue));
         let span = request_span(&header);
         let _entered = span.enter();
-        if header.opcode == wire::FUSE_INIT {
-            self.note_init(&peek);
-        }
+        // INIT: what the guest offered, and a second writer over the same reply buffers (the
+        // virtiofs one is Clone) to add the flags fuse-backend-rs cannot negotiate.
+        let init_reply = if header.opcode == wire::FUSE_INIT {
+            self.note_init(&peek)
+        } else {
+            None
+        };
+        let init_reply = init_reply.and_then(|()| match &writer {
+            Writer::VirtioFs(w) => Some(w.clone()),
+            _ => None,
+        });
         let result = self.dispatch(&header, reader, peek, writer);
+        if let (Ok(n), Some(reply)) = (&result, init_reply) {
+            self.extend_init(*n, &reply);
+        }
         let elapsed = start.elapsed();
         let reply = match &result {
             Ok(n) if *n >= OUT_HEADER_LEN => {
@@ -303,20 +314,23 @@ where
     }
 
     /// The guest's FUSE_INIT: the protocol minor it speaks, when its major is 7 (what
-    /// fuse-backend-rs records; a newer major is answered with 7 and no minor recorded).
-    fn note_init<S: BitmapSlice>(&self, body: &Reader<'_, S>) {
+    /// fuse-backend-rs records; a newer major is answered with 7 and no minor recorded), and
+    /// the flags it offered. `Some` when it was recorded (a protocol-7 INIT).
+    #[cold]
+    #[inline(never)]
+    fn note_init<S: BitmapSlice>(&self, body: &Reader<'_, S>) -> Option<()> {
         use fuse_backend_rs::abi::fuse_abi::InitIn;
         self.offered.store(0, Ordering::Relaxed);
         self.setxattr_ext.store(false, Ordering::Relaxed);
         // fuse_init_in, and its flags2 after it when INIT_EXT is set.
         let mut head = [0u8; size_of::<InitIn>() + 4];
         let got = peek(&mut body.clone(), &mut head);
-        let Some(init) = head.get(..size_of::<InitIn>()).and_then(InitIn::from_slice) else {
-            return;
-        };
+        let init = head
+            .get(..size_of::<InitIn>())
+            .and_then(InitIn::from_slice)?;
         if got < size_of::<InitIn>() || init.major != fuse_backend_rs::abi::fuse_abi::KERNEL_VERSION
         {
-            return;
+            return None;
         }
         self.minor.store(init.minor, Ordering::Relaxed);
         let mut offered = u64::from(init.flags);
@@ -328,6 +342,7 @@ where
             offered |= u64::from(flags2) << 32;
         }
         self.offered.store(offered, Ordering::Relaxed);
+        Some(())
     }
 
     /// After fuse-backend-rs answered INIT with `n` bytes through a clone of `reply`: the
@@ -336,6 +351,8 @@ where
     /// ([`WireOps::init_flags`]) are added to the answer's `flags` and `flags2`, in place.
     /// fuse-backend-rs's own flags there are `offered & wanted` over the bits it knows, so
     /// the words are written whole. SETXATTR_EXT, once on, is noted for [`Self::dispatch`].
+    #[cold]
+    #[inline(never)]
     fn extend_init<S: BitmapSlice>(&self, n: usize, reply: &VirtioFsWriter<'_, S>) {
         use fuse_backend_rs::abi::fuse_abi::{FsOptions, InitOut};
         let offered = self.offered.load(Ordering::Relaxed);
@@ -391,21 +408,6 @@ where
             FUSE_TMPFILE => self.tmpfile(&header, peek, writer),
             wire::FUSE_SETXATTR if self.setxattr_ext.load(Ordering::Relaxed) => {
                 self.setxattr_ext(&header, peek, writer)
-            }
-            wire::FUSE_INIT => {
-                // A second writer over the same reply buffers (the virtiofs one is Clone).
-                let reply = match &writer {
-                    Writer::VirtioFs(w) => Some(w.clone()),
-                    _ => None,
-                };
-                let r = self
-                    .server
-                    .handle_message(reader, writer, None, None)
-                    .map_err(ServerError::Fuse);
-                if let (Ok(n), Some(reply)) = (&r, reply) {
-                    self.extend_init(*n, &reply);
-                }
-                r
             }
             FUSE_SETLKW if on_queue_thread() => {
                 // The dispatch sends SETLKW to a thread of its own; this is the fallback when
@@ -501,6 +503,7 @@ where
     /// FUSE_TMPFILE: `struct fuse_create_in` and the name of the kernel's tmpfile dentry
     /// ("/", or empty), within the declared length; answered as CREATE is, with an entry and
     /// an open handle.
+    #[inline(never)]
     fn tmpfile<S: BitmapSlice>(
         &self,
         header: &InHeader,
@@ -553,6 +556,7 @@ where
     /// FUSE_SETXATTR_ACL_KILL_SGID on a POSIX access ACL, the file's setgid bit is cleared
     /// after the ACL is set ([`WireOps::acl_kill_sgid`]): the guest kernel found the caller
     /// neither in the file's group nor holding CAP_FSETID (`posix_acl_update_mode`).
+    #[inline(never)]
     fn setxattr_ext<S: BitmapSlice>(
         &self,
         header: &InHeader,

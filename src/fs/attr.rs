@@ -191,12 +191,14 @@ impl CephFs {
 
     pub(super) fn do_getattr(&self, ctx: &Caller, inode: u64) -> io::Result<(stat64, Duration)> {
         let node = self.node_op(inode, "getattr", ctx)?;
-        let st = self
+        let mut st = self
             .mount()
             .getattr(&*self.inode(&node)?, WANT, 0, &self.perm(ctx))?;
-        let mut attr = to_stat(&st, &self.cfg.idmap);
-        self.tmpfile_nlink(node.id, &mut attr);
-        Ok((attr, self.policy.ttl(self.class(&node)).attr))
+        self.tmpfile_nlink(node.id, &mut st.stx_nlink);
+        Ok((
+            to_stat(&st, &self.cfg.idmap),
+            self.policy.ttl(self.class(&node)).attr,
+        ))
     }
 
     /// [`Self::do_getattr`] with the birth time CephFS keeps (`CEPH_STATX_BTIME`), for STATX.
@@ -218,9 +220,13 @@ impl CephFs {
                 Some((t.tv_sec, u32::try_from(t.tv_nsec).ok()?))
             })
             .flatten();
-        let mut attr = to_stat(&st, &self.cfg.idmap);
-        self.tmpfile_nlink(node.id, &mut attr);
-        Ok((attr, btime, self.policy.ttl(self.class(&node)).attr))
+        let mut st = st;
+        self.tmpfile_nlink(node.id, &mut st.stx_nlink);
+        Ok((
+            to_stat(&st, &self.cfg.idmap),
+            btime,
+            self.policy.ttl(self.class(&node)).attr,
+        ))
     }
 
     pub(super) fn do_setattr(
@@ -292,10 +298,12 @@ impl CephFs {
             }
         }
         self.after_setattr(&node, mask, kill)?;
-        let out = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
-        let mut attr = to_stat(&out, &self.cfg.idmap);
-        self.tmpfile_nlink(node.id, &mut attr);
-        Ok((attr, self.policy.ttl(self.class(&node)).attr))
+        let mut out = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
+        self.tmpfile_nlink(node.id, &mut out.stx_nlink);
+        Ok((
+            to_stat(&out, &self.cfg.idmap),
+            self.policy.ttl(self.class(&node)).attr,
+        ))
     }
 
     pub(super) fn do_statfs(&self, ctx: &Caller, inode: u64) -> io::Result<statvfs64> {

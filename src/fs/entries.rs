@@ -147,7 +147,7 @@ impl CephFs {
     pub(super) fn entry_for(&self, node: &Node, st: &Statx) -> Entry {
         let ttl = self.policy.ttl(self.class(node));
         let mut attr = to_stat(st, &self.cfg.idmap);
-        self.tmpfile_nlink(node.id, &mut attr);
+        self.tmpfile_nlink(node.id, &mut attr.st_nlink);
         Entry {
             inode: node.id,
             generation: 0,

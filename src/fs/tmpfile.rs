@@ -35,7 +35,7 @@ use std::io;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, OpenOptions};
+use fuse_backend_rs::abi::fuse_abi::{CreateIn, OpenOptions};
 use fuse_backend_rs::api::filesystem::Entry;
 
 use super::open::OpenFile;
@@ -255,9 +255,12 @@ impl CephFs {
 
     /// The link count the guest sees of node `id`: one less while its private name holds.
     #[inline]
-    pub(super) fn tmpfile_nlink(&self, id: u64, st: &mut stat64) {
-        if self.tmpfiles.holds(id) {
-            st.st_nlink = st.st_nlink.saturating_sub(1);
+    pub(super) fn tmpfile_nlink<N>(&self, id: u64, nlink: &mut N)
+    where
+        N: Copy + From<u8> + PartialOrd + std::ops::Sub<Output = N>,
+    {
+        if self.tmpfiles.holds(id) && *nlink >= N::from(1) {
+            *nlink = *nlink - N::from(1);
         }
     }
 
