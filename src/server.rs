@@ -18,14 +18,16 @@
 use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::mem::size_of;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use fuse_backend_rs::abi::fuse_abi::{CopyFileRangeIn, InHeader, LkIn, OutHeader, WriteOut};
+use fuse_backend_rs::abi::fuse_abi::{
+    CopyFileRangeIn, CreateIn, EntryOut, InHeader, LkIn, OpenOut, OutHeader, WriteOut,
+};
 use fuse_backend_rs::api::filesystem::{Context, FileLock, FileSystem};
 use fuse_backend_rs::api::server::Server;
-use fuse_backend_rs::transport::{Reader, Writer};
+use fuse_backend_rs::transport::{Reader, VirtioFsWriter, Writer};
 use vm_memory::bitmap::BitmapSlice;
 use vm_memory::ByteValued;
 
@@ -43,18 +45,23 @@ pub use ops::{AsyncOps, Servable, SessionOps, WireOps};
 pub use ops::{AsyncReply, AsyncStart};
 
 use crate::wire::{
-    self, ReplyHead, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS, OUT_HEADER_LEN, REPLY_HEAD_LEN,
+    self, ReplyHead, FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS, FUSE_TMPFILE, OUT_HEADER_LEN,
+    REPLY_HEAD_LEN,
 };
 
 /// The opcodes the daemon serves; everything else is answered ENOSYS before fuse-backend-rs
 /// sees it. Linux `include/uapi/linux/fuse.h`: 7 (the old FUSE_BMAP slot) and 19 were never
 /// assigned; BMAP (37, block devices), IOCTL (39), POLL (40), NOTIFY_REPLY (41, we send no
 /// notifications) and SETUPMAPPING/REMOVEMAPPING (48, 49, DAX, not offered) are not served;
-/// TMPFILE (51) and later ones are unknown to fuse-backend-rs 0.14; STATX (52) is decoded by
+/// SYNCFS (50), TMPFILE (51) and later ones are unknown to fuse-backend-rs 0.14: the first two
+/// are decoded here, STATX (52) by
 /// `copied` (the transport sends it there whenever its reply fits the private buffer, as
 /// Linux's 288-byte one does; with a larger room fuse-backend-rs answers ENOSYS).
 pub fn is_served(opcode: u32) -> bool {
-    matches!(opcode, 1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS | wire::FUSE_STATX)
+    matches!(
+        opcode,
+        1..=6 | 8..=18 | 20..=36 | 38 | 42..=47 | FUSE_SYNCFS | FUSE_TMPFILE | wire::FUSE_STATX
+    )
 }
 
 /// The most bytes of data a READ or WRITE may carry, as offered to the guest in FUSE_INIT's
@@ -97,6 +104,19 @@ struct SyncfsIn {
 // SAFETY: plain-old-data struct of one integer: every bit pattern is valid, no padding.
 unsafe impl ByteValued for SyncfsIn {}
 
+/// `struct fuse_setxattr_in` when FUSE_SETXATTR_EXT is negotiated (fuse-backend-rs 0.14 knows
+/// only the first two fields).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+struct SetxattrInExt {
+    size: u32,
+    flags: u32,
+    setxattr_flags: u32,
+    padding: u32,
+}
+// SAFETY: plain-old-data struct of four u32: every bit pattern is valid, no padding.
+unsafe impl ByteValued for SetxattrInExt {}
+
 /// Transport-level failures: the request could not be answered at all. Filesystem errors are
 /// not here; they become replies carrying an errno.
 #[derive(Debug, thiserror::Error)]
@@ -124,6 +144,11 @@ pub struct FuseServer<F: FileSystem + Send + Sync> {
     /// The protocol minor the guest's FUSE_INIT asked for (as fuse-backend-rs keeps it; the
     /// newest it speaks until an INIT comes), for the requests served from a copy (`copied`).
     minor: AtomicU32,
+    /// The INIT flags (`flags | flags2 << 32`) the guest offered; 0 until a protocol-7 INIT.
+    offered: AtomicU64,
+    /// FUSE_SETXATTR_EXT was negotiated: SETXATTR carries the longer `fuse_setxattr_in`, which
+    /// fuse-backend-rs 0.14 cannot decode ([`Self::setxattr_ext`] does).
+    setxattr_ext: AtomicBool,
 }
 
 impl<F: FileSystem + Send + Sync> std::fmt::Debug for FuseServer<F> {
@@ -141,6 +166,8 @@ where
             server: Server::new(fs.clone()),
             fs,
             minor: AtomicU32::new(fuse_backend_rs::abi::fuse_abi::KERNEL_MINOR_VERSION),
+            offered: AtomicU64::new(0),
+            setxattr_ext: AtomicBool::new(false),
         }
     }
 
@@ -240,10 +267,21 @@ where
         let tracked = inflight::track(start, || request_info(&header, &peek, queue));
         let span = request_span(&header);
         let _entered = span.enter();
-        if header.opcode == wire::FUSE_INIT {
-            self.note_init(&peek);
-        }
+        // INIT: what the guest offered, and a second writer over the same reply buffers (the
+        // virtiofs one is Clone) to add the flags fuse-backend-rs cannot negotiate.
+        let init_reply = if header.opcode == wire::FUSE_INIT {
+            self.note_init(&peek)
+        } else {
+            None
+        };
+        let init_reply = init_reply.and_then(|()| match &writer {
+            Writer::VirtioFs(w) => Some(w.clone()),
+            _ => None,
+        });
         let result = self.dispatch(&header, reader, peek, writer);
+        if let (Ok(n), Some(reply)) = (&result, init_reply) {
+            self.extend_init(*n, &reply);
+        }
         let elapsed = start.elapsed();
         let reply = match &result {
             Ok(n) if *n >= OUT_HEADER_LEN => {
@@ -293,15 +331,95 @@ where
     }
 
     /// The guest's FUSE_INIT: the protocol minor it speaks, when its major is 7 (what
-    /// fuse-backend-rs records; a newer major is answered with 7 and no minor recorded).
-    fn note_init<S: BitmapSlice>(&self, body: &Reader<'_, S>) {
+    /// fuse-backend-rs records; a newer major is answered with 7 and no minor recorded), and
+    /// the flags it offered. `Some` when it was recorded (a protocol-7 INIT).
+    #[cold]
+    #[inline(never)]
+    fn note_init<S: BitmapSlice>(&self, body: &Reader<'_, S>) -> Option<()> {
         use fuse_backend_rs::abi::fuse_abi::InitIn;
-        let mut head = [0u8; size_of::<InitIn>()];
-        if peek(&mut body.clone(), &mut head) == head.len() {
-            if let Some(init) = InitIn::from_slice(&head) {
-                if init.major == fuse_backend_rs::abi::fuse_abi::KERNEL_VERSION {
-                    self.minor.store(init.minor, Ordering::Relaxed);
-                }
+        self.offered.store(0, Ordering::Relaxed);
+        self.setxattr_ext.store(false, Ordering::Relaxed);
+        // fuse_init_in, and its flags2 after it when INIT_EXT is set.
+        let mut head = [0u8; size_of::<InitIn>() + 4];
+        let got = peek(&mut body.clone(), &mut head);
+        let init = head
+            .get(..size_of::<InitIn>())
+            .and_then(InitIn::from_slice)?;
+        if got < size_of::<InitIn>() || init.major != fuse_backend_rs::abi::fuse_abi::KERNEL_VERSION
+        {
+            return None;
+        }
+        self.minor.store(init.minor, Ordering::Relaxed);
+        let mut offered = u64::from(init.flags);
+        if offered & wire::FUSE_INIT_EXT != 0 && got == head.len() {
+            let flags2 = head
+                .get(size_of::<InitIn>()..)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u32::from_le_bytes);
+            offered |= u64::from(flags2) << 32;
+        }
+        self.offered.store(offered, Ordering::Relaxed);
+        Some(())
+    }
+
+    /// After fuse-backend-rs answered INIT with `n` bytes through a clone of `reply`: the
+    /// flags it cannot negotiate (unknown to its `FsOptions`, which drops them from what the
+    /// guest offered) that the guest offered and the filesystem wants
+    /// ([`WireOps::init_flags`]: SETXATTR_EXT, DIRECT_IO_ALLOW_MMAP) are added to the answer's
+    /// `flags` and `flags2`, in place. fuse-backend-rs's own flags there are `offered & wanted`
+    /// over the bits it knows, so the words are written whole. SETXATTR_EXT, once on, is noted
+    /// for [`Self::dispatch`]. With [`limit_io`] on, `max_write` and `max_pages` are lowered
+    /// to it. Only a whole `fuse_init_out` is changed; an error reply is left as it is.
+    #[cold]
+    #[inline(never)]
+    fn extend_init<S: BitmapSlice>(&self, n: usize, reply: &VirtioFsWriter<'_, S>) {
+        use fuse_backend_rs::abi::fuse_abi::{FsOptions, InitOut};
+        use std::mem::offset_of;
+        let offered = self.offered.load(Ordering::Relaxed);
+        let want = self.fs.init_flags();
+        let extra = offered & want & !FsOptions::all().bits();
+        let limit = IO_LIMIT.load(Ordering::Acquire);
+        if (extra == 0 && limit == 0) || n != OUT_HEADER_LEN + size_of::<InitOut>() {
+            return;
+        }
+        let write = |at: usize, bytes: &[u8]| {
+            let written = reply
+                .clone()
+                .split_at(OUT_HEADER_LEN + at)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+                .and_then(|mut w| w.write_all(bytes));
+            if let Err(e) = &written {
+                tracing::warn!(%e, "Cannot write the daemon's own values into the INIT reply");
+            }
+            written.is_ok()
+        };
+        if extra != 0 {
+            let flags = (FsOptions::from_bits_truncate(offered).bits() & want) | extra;
+            let low = u32::try_from(flags & 0xffff_ffff).unwrap_or(0);
+            let high = u32::try_from(flags >> 32).unwrap_or(0);
+            if !(write(offset_of!(InitOut, flags), &low.to_le_bytes())
+                && write(offset_of!(InitOut, flags2), &high.to_le_bytes()))
+            {
+                return;
+            }
+            let ext = extra & wire::FUSE_SETXATTR_EXT != 0;
+            self.setxattr_ext.store(ext, Ordering::Relaxed);
+            tracing::info!(
+                flags = format_args!("{extra:#x}"),
+                setxattr_ext = ext,
+                "INIT: flags fuse-backend-rs does not know, negotiated by the daemon"
+            );
+        }
+        if limit != 0 {
+            let pages = u16::try_from(limit / PAGE).unwrap_or(u16::MAX);
+            if write(offset_of!(InitOut, max_write), &limit.to_le_bytes())
+                && write(offset_of!(InitOut, max_pages), &pages.to_le_bytes())
+            {
+                tracing::info!(
+                    max_write = limit,
+                    max_pages = pages,
+                    "FUSE INIT: READ and WRITE limited to what --request-deadline can bound"
+                );
             }
         }
     }
@@ -320,6 +438,10 @@ where
         match header.opcode {
             FUSE_COPY_FILE_RANGE => self.copy_file_range(&header, peek, writer),
             FUSE_SYNCFS => self.syncfs(&header, peek, writer),
+            FUSE_TMPFILE => self.tmpfile(&header, peek, writer),
+            wire::FUSE_SETXATTR if self.setxattr_ext.load(Ordering::Relaxed) => {
+                self.setxattr_ext(&header, peek, writer)
+            }
             FUSE_SETLKW if on_queue_thread() => {
                 // The dispatch sends SETLKW to a thread of its own; this is the fallback when
                 // none could be started. Waiting here would stall the queue that carries the
@@ -332,81 +454,11 @@ where
                 )
             }
             FUSE_SETLKW => self.setlkw(&header, peek, writer),
-            wire::FUSE_INIT => self.init(reader, &peek, writer),
             _ => self
                 .server
                 .handle_message(reader, writer, None, None)
                 .map_err(ServerError::Fuse),
         }
-    }
-
-    /// FUSE_INIT: fuse-backend-rs negotiates it (the protocol version it records, the reply's
-    /// limits, `FileSystem::init`), then the flags its `FsOptions` cannot carry that the guest
-    /// offered and [`WireOps::init_flags`] wants (FUSE_DIRECT_IO_ALLOW_MMAP: fuse-backend-rs
-    /// 0.14 drops every flags2 bit it has no name for) are written into its reply: `flags` and
-    /// `flags2` of `fuse_init_out`, through a second writer over the same buffers. Only a
-    /// whole reply to a 7.x guest is changed; an error, a major-version answer or a reply in
-    /// an old minor's short layout goes as fuse-backend-rs wrote it.
-    fn init<S: BitmapSlice>(
-        &self,
-        reader: Reader<'_, S>,
-        body: &Reader<'_, S>,
-        writer: Writer<'_, S>,
-    ) -> Result<usize, ServerError> {
-        use fuse_backend_rs::abi::fuse_abi::{FsOptions, InitOut};
-        let offer = init_offer(body);
-        let want = offer.map(|capable| capable & self.fs.init_flags(capable));
-        let unknown = want.filter(|w| w & !FsOptions::all().bits() != 0);
-        let limit = match IO_LIMIT.load(Ordering::Acquire) {
-            0 => None,
-            bytes => offer.map(|_| bytes),
-        };
-        let patch = match &writer {
-            Writer::VirtioFs(w) if unknown.is_some() || limit.is_some() => Some(w.clone()),
-            _ => None,
-        };
-        let n = self
-            .server
-            .handle_message(reader, writer, None, None)
-            .map_err(ServerError::Fuse)?;
-        let Some(w) = patch.filter(|_| n == OUT_HEADER_LEN + size_of::<InitOut>()) else {
-            return Ok(n);
-        };
-        let write = |at: usize, v: &[u8]| {
-            w.clone()
-                .split_at(OUT_HEADER_LEN + at)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
-                .and_then(|mut tail| tail.write_all(v))
-                .map_err(ServerError::WriteReply)
-        };
-        if let Some(enabled) = unknown {
-            let low = u32::try_from(enabled & u64::from(u32::MAX)).unwrap_or(0);
-            let high = u32::try_from(enabled >> 32).unwrap_or(0);
-            write(std::mem::offset_of!(InitOut, flags), &low.to_ne_bytes())?;
-            write(std::mem::offset_of!(InitOut, flags2), &high.to_ne_bytes())?;
-            tracing::info!(
-                added = format_args!("{:#x}", enabled & !FsOptions::all().bits()),
-                flags = format_args!("{enabled:#x}"),
-                "FUSE INIT: flags fuse-backend-rs has no name for added to its reply"
-            );
-        }
-        if let Some(bytes) = limit {
-            let pages = u16::try_from(bytes / PAGE).unwrap_or(u16::MAX);
-            write(
-                std::mem::offset_of!(InitOut, max_write),
-                &bytes.to_ne_bytes(),
-            )?;
-            write(
-                std::mem::offset_of!(InitOut, max_pages),
-                &pages.to_ne_bytes(),
-            )?;
-            tracing::info!(
-                max_write = bytes,
-                max_pages = pages,
-                "FUSE INIT: READ and WRITE limited to what --request-deadline can bound"
-            );
-        }
-        Ok(n)
     }
 
     /// End a FUSE session without a DESTROY (the frontend went away): drop every node and
@@ -481,6 +533,102 @@ where
         }
     }
 
+    /// FUSE_TMPFILE: `struct fuse_create_in` and the name of the kernel's tmpfile dentry
+    /// ("/", or empty), within the declared length; answered as CREATE is, with an entry and
+    /// an open handle.
+    #[inline(never)]
+    fn tmpfile<S: BitmapSlice>(
+        &self,
+        header: &InHeader,
+        mut reader: Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, ServerError> {
+        let result = Self::read_in::<CreateIn, S>(header, &mut reader).and_then(|arg| {
+            // The dispatch checked that the declared length lies within the chain.
+            let declared = usize::try_from(header.len).unwrap_or(usize::MAX);
+            let name_len = declared - size_of::<InHeader>() - size_of::<CreateIn>();
+            let mut name = [0u8; 2];
+            let name = name
+                .get_mut(..name_len)
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+            reader
+                .read_exact(name)
+                .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+            if !matches!(&*name, b"\0" | b"/\0") {
+                return Err(io::Error::from_raw_os_error(libc::EINVAL));
+            }
+            let ctx = self.context(header)?;
+            self.fs.tmpfile(&ctx, header.nodeid, arg)
+        });
+        match result {
+            Ok((entry, fh, opts)) => {
+                let open = OpenOut {
+                    fh,
+                    open_flags: opts.bits(),
+                    ..Default::default()
+                };
+                let mut body = [0u8; size_of::<EntryOut>() + size_of::<OpenOut>()];
+                let (e, o) = body.split_at_mut(size_of::<EntryOut>());
+                e.copy_from_slice(EntryOut::from(entry).as_slice());
+                o.copy_from_slice(open.as_slice());
+                let header = OutHeader {
+                    len: u32::try_from(size_of::<OutHeader>() + body.len()).unwrap_or(u32::MAX),
+                    error: 0,
+                    unique: header.unique,
+                };
+                write_reply(writer, header, &body)
+            }
+            Err(e) => reply_error(header.unique, writer, &e),
+        }
+    }
+
+    /// SETXATTR with SETXATTR_EXT negotiated: `struct fuse_setxattr_in` of 16 bytes (size,
+    /// flags, setxattr_flags, padding), then the name and its NUL, then `size` bytes of value,
+    /// all within the declared length; refused as fuse-backend-rs refuses the short form (a
+    /// name without its NUL, a value of another size: EINVAL). With
+    /// FUSE_SETXATTR_ACL_KILL_SGID on a POSIX access ACL, the file's setgid bit is cleared
+    /// after the ACL is set ([`WireOps::acl_kill_sgid`]): the guest kernel found the caller
+    /// neither in the file's group nor holding CAP_FSETID (`posix_acl_update_mode`).
+    #[inline(never)]
+    fn setxattr_ext<S: BitmapSlice>(
+        &self,
+        header: &InHeader,
+        mut reader: Reader<'_, S>,
+        writer: Writer<'_, S>,
+    ) -> Result<usize, ServerError> {
+        let result = Self::read_in::<SetxattrInExt, S>(header, &mut reader).and_then(|arg| {
+            let einval = || io::Error::from_raw_os_error(libc::EINVAL);
+            // The dispatch checked that the declared length lies within the chain.
+            let declared = usize::try_from(header.len).unwrap_or(usize::MAX);
+            let len = declared - size_of::<InHeader>() - size_of::<SetxattrInExt>();
+            // A name (at most 255 bytes) and a value of at most XATTR_SIZE_MAX.
+            if len > 256 + 65536 {
+                return Err(io::Error::from_raw_os_error(libc::E2BIG));
+            }
+            let mut buf = vec![0u8; len];
+            reader.read_exact(&mut buf).map_err(|_| einval())?;
+            let nul = buf.iter().position(|b| *b == 0).ok_or_else(einval)?;
+            let (name, value) = buf.split_at(nul + 1);
+            if usize::try_from(arg.size).ok() != Some(value.len()) {
+                return Err(einval());
+            }
+            let name = std::ffi::CStr::from_bytes_with_nul(name).map_err(|_| einval())?;
+            let ctx = self.context(header)?;
+            self.fs
+                .setxattr(&ctx, header.nodeid, name, value, arg.flags)?;
+            if arg.setxattr_flags & wire::FUSE_SETXATTR_ACL_KILL_SGID != 0
+                && name.to_bytes() == b"system.posix_acl_access"
+            {
+                self.fs.acl_kill_sgid(&ctx, header.nodeid)?;
+            }
+            Ok(())
+        });
+        match result {
+            Ok(()) => reply::<WriteOut, S>(header.unique, writer, None),
+            Err(e) => reply_error(header.unique, writer, &e),
+        }
+    }
+
     fn setlkw<S: BitmapSlice>(
         &self,
         header: &InHeader,
@@ -503,28 +651,6 @@ where
             Err(e) => reply_error(header.unique, writer, &e),
         }
     }
-}
-
-/// The INIT flags a 7.x guest offers (`flags`, and `flags2 << 32` when it sets
-/// FUSE_INIT_EXT), from the request `body` past the in-header; `None` for another major or a
-/// body too short (fuse-backend-rs answers those itself).
-fn init_offer<S: BitmapSlice>(body: &Reader<'_, S>) -> Option<u64> {
-    use fuse_backend_rs::abi::fuse_abi::{FsOptions, InitIn, KERNEL_VERSION};
-    let mut head = [0u8; size_of::<InitIn>() + 4];
-    let got = peek(&mut body.clone(), &mut head);
-    let init = InitIn::from_slice(head.get(..size_of::<InitIn>())?)?;
-    if got < size_of::<InitIn>() || init.major != KERNEL_VERSION {
-        return None;
-    }
-    let mut flags = u64::from(init.flags);
-    if flags & FsOptions::INIT_EXT.bits() != 0 {
-        let flags2: [u8; 4] = head.get(size_of::<InitIn>()..)?.try_into().ok()?;
-        if got < head.len() {
-            return None;
-        }
-        flags |= u64::from(u32::from_ne_bytes(flags2)) << 32;
-    }
-    Some(flags)
 }
 
 /// What the server answers a request without serving it, from its header alone (`Some(errno)`):
@@ -593,6 +719,7 @@ fn in_struct_len(opcode: u32) -> usize {
         46 => size_of::<LseekIn>(),
         FUSE_COPY_FILE_RANGE => size_of::<CopyFileRangeIn>(),
         FUSE_SYNCFS => size_of::<SyncfsIn>(),
+        FUSE_TMPFILE => size_of::<CreateIn>(),
         wire::FUSE_STATX => wire::STATX_IN_LEN,
         _ => 0,
     }
@@ -601,15 +728,14 @@ fn in_struct_len(opcode: u32) -> usize {
 /// The whole reply of a request that makes a node or a handle for the guest (an entry, an
 /// open handle, or both); 0 for the others, whose replies carry no state.
 fn reply_len(opcode: u32) -> usize {
-    use fuse_backend_rs::abi::fuse_abi::{EntryOut, OpenOut};
     let out = size_of::<OutHeader>();
     match opcode {
         // LOOKUP, SYMLINK, MKNOD, MKDIR, LINK
         1 | 6 | 8 | 9 | 13 => out + size_of::<EntryOut>(),
         // OPEN, OPENDIR
         14 | 27 => out + size_of::<OpenOut>(),
-        // CREATE
-        35 => out + size_of::<EntryOut>() + size_of::<OpenOut>(),
+        // CREATE, TMPFILE
+        35 | FUSE_TMPFILE => out + size_of::<EntryOut>() + size_of::<OpenOut>(),
         _ => 0,
     }
 }

@@ -70,6 +70,12 @@ pub mod opcode {
 /// FUSE_INIT flags fuse-backend-rs 0.14's `FsOptions` has no name for (as `flags | flags2 << 32`,
 /// Linux `include/uapi/linux/fuse.h`): shared mmap of FOPEN_DIRECT_IO files (7.39).
 pub const FUSE_DIRECT_IO_ALLOW_MMAP: u64 = 1 << 36;
+/// `FUSE_INIT_EXT` (protocol 7.36): `fuse_init_in` carries `flags2`, the upper 32 flags.
+pub const FUSE_INIT_EXT: u64 = 1 << 30;
+/// `FUSE_SETXATTR_EXT` (protocol 7.33): SETXATTR carries the longer `fuse_setxattr_in`.
+pub const FUSE_SETXATTR_EXT: u64 = 1 << 29;
+/// `fuse_setxattr_in.setxattr_flags`: clear the setgid bit along with a POSIX access ACL.
+pub const FUSE_SETXATTR_ACL_KILL_SGID: u32 = 1 << 0;
 
 /// Size of `struct fuse_out_header`.
 pub const OUT_HEADER_LEN: usize = 16;

@@ -11,13 +11,17 @@
 //! - POSIX ACLs (`--posix-acl`): an ACL set in the guest denies the user it names there and
 //!   through another CephFS client (libcephfs with `client_acl_type=posix_acl`), a default ACL
 //!   is inherited, and chmod moves the mask.
+//! - FUSE_TMPFILE: O_TMPFILE files linked by name (read back by another client), refused a
+//!   link with O_EXCL, and gone when closed (nothing left in CephFS).
+//! - FUSE_SETXATTR_EXT: negotiated, and xattrs set with the longer request read back by
+//!   another client.
 
 mod common;
 
 use std::ffi::CString;
 
 use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS, CEPH_STATX_BTIME};
-use common::{ceph_dir, ceph_lookup, run_guest_env, Daemon, Lab};
+use common::{ceph_dir, ceph_lookup, ceph_read_all, run_guest_env, Daemon, Lab};
 
 /// The newest kernel: these features are Linux 6.6+ (STATX) and later.
 const KERNEL: [(&str, &str); 1] = [("GUEST_KERNEL_SUITE", "forky")];
@@ -190,7 +194,7 @@ fn a_shared_mmap_on_cache_never_is_written_back_and_read_by_another_client() {
             assert!(
                 daemon
                     .log_text()
-                    .contains("flags fuse-backend-rs has no name for"),
+                    .contains("flags fuse-backend-rs does not know, negotiated by the daemon"),
                 "{suite}: the INIT reply was not extended:\n{}",
                 daemon.log_text()
             );
@@ -337,4 +341,90 @@ fn an_idmapped_mount_of_the_share_is_refused_in_the_guest() {
         "an idmapped mount of a share without ALLOW_IDMAP"
     );
     assert!(run.console.contains("READ still"), "the share serves on");
+}
+
+/// Names in `dir` through another CephFS client ("." and ".." left out).
+fn ceph_names(m: &ceph_client::Mount, dir: &ceph_client::Inode) -> Vec<String> {
+    let mut d = m.opendir(dir, &UserPerm::root()).unwrap();
+    let mut names = Vec::new();
+    while let Some(e) = d.readdirplus(CEPH_STATX_BASIC_STATS, 0, false).unwrap() {
+        let n = String::from_utf8_lossy(&e.name[..]).into_owned();
+        if n != "." && n != ".." {
+            names.push(n);
+        }
+    }
+    names.sort();
+    names
+}
+
+/// O_TMPFILE (FUSE_TMPFILE, src/fs/tmpfile.rs), by tests/guest/tmpfile.c in the guest: a
+/// tmpfile shows nlink 0, is linked by `linkat(AT_EMPTY_PATH)` and through /proc/self/fd, an
+/// O_EXCL one cannot be (ENOENT), one closed without a link is gone, and the daemon's private
+/// name never shows in the guest's listing. Another CephFS client then reads the data at the
+/// linked names, and finds nothing else in the directory: no private name left behind.
+#[test]
+fn o_tmpfile_in_the_guest_is_linked_by_name_and_gone_when_closed() {
+    let lab = Lab::get();
+    let name = format!("feat-tmpfile-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\nmkdir /mnt/t || exit 1\n/opt/tmpfile /mnt/t\n";
+    let adds = [(lab.guest_bin.join("tmpfile"), "/opt/tmpfile")];
+    let run = run_guest_env(&lab, &work, &daemon, script, &adds, 600, &KERNEL);
+    assert!(
+        run.console.contains("TMPFILE PASSED"),
+        "guest checks failed (console above)"
+    );
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    let m = lab.ceph();
+    let dir = ceph_dir(&m, &format!("{export}/t"));
+    assert_eq!(
+        ceph_names(&m, &dir),
+        ["linked", "linked2"],
+        "the directory holds the linked names and nothing else"
+    );
+    assert_eq!(
+        ceph_read_all(&m, &dir, "linked"),
+        b"linked by AT_EMPTY_PATH\n"
+    );
+    assert_eq!(ceph_read_all(&m, &dir, "linked2"), b"linked by /proc\n");
+}
+
+/// FUSE_SETXATTR_EXT: forky's kernel offers it, the daemon takes it (its log says so), and
+/// every SETXATTR then carries the longer `fuse_setxattr_in` the daemon decodes itself
+/// (src/server.rs): xattrs set in the guest (tests/guest/setxattr.c, with XATTR_CREATE and
+/// XATTR_REPLACE) are what another CephFS client reads.
+#[test]
+fn setxattr_ext_in_the_guest_sets_what_another_client_reads() {
+    let lab = Lab::get();
+    let name = format!("feat-setxattr-{}", std::process::id());
+    let export = lab.export_dir(&name);
+    let work = lab.scratch(&name);
+    let daemon = Daemon::start(&lab, &work, &export, &[]);
+    let script = "#!/bin/sh\necho data > /mnt/x || exit 1\n/opt/setxattr /mnt/x\n";
+    let adds = [(lab.guest_bin.join("setxattr"), "/opt/setxattr")];
+    let run = run_guest_env(&lab, &work, &daemon, script, &adds, 600, &KERNEL);
+    assert!(
+        run.console.contains("SETXATTR PASSED"),
+        "guest checks failed (console above)"
+    );
+    assert_eq!(run.code(), 0, "guest verdict (console above)");
+    assert!(
+        daemon.log_text().contains("setxattr_ext=true"),
+        "the daemon did not negotiate SETXATTR_EXT with forky's kernel"
+    );
+    let m = lab.ceph();
+    let dir = ceph_dir(&m, &export);
+    let (ino, _) = ceph_lookup(&m, &dir, "x").unwrap();
+    let get = |n: &str| {
+        let mut buf = vec![0u8; 8192];
+        let k = m
+            .getxattr(&ino, &CString::new(n).unwrap(), &mut buf, &UserPerm::root())
+            .unwrap_or_else(|e| panic!("getxattr {n}: {e}"));
+        buf.truncate(k);
+        buf
+    };
+    assert_eq!(get("user.a"), b"value two");
+    assert_eq!(get("user.big"), vec![b'b'; 4000]);
 }

@@ -85,11 +85,11 @@ fn hostile_unknown_opcodes_get_enosys_and_the_daemon_keeps_serving() {
     let (daemon, export, _m) = hostile_daemon(&lab, "hostile-opcodes", &[]);
     let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
     let mut f = Failures::new();
-    // 0, 7 and 19 are below 50 and have no variant in fuse-backend-rs's Opcode enum; from 51
-    // up nothing is served (50 is SYNCFS, 52 STATX: see the STATX test); 1 << 20 and FUSE_INIT
-    // << 24 are the byte-swapped reserved values.
+    // 0, 7 and 19 are below 50 and have no variant in fuse-backend-rs's Opcode enum; from 53
+    // up nothing is served (50 is SYNCFS, 51 TMPFILE and 52 STATX: see their tests); 1 << 20
+    // and FUSE_INIT << 24 are the byte-swapped reserved values.
     let mut ops: Vec<u32> = vec![0, 7, 19];
-    ops.extend((51..=64).filter(|&o| o != op::FUSE_STATX));
+    ops.extend(53..=64);
     ops.extend([
         100,
         1000,
@@ -176,6 +176,296 @@ fn hostile_statx_short_bodies_small_rooms_and_unknown_nodes_are_refused() {
         format!("STATX of the export root: want 288 bytes, mask 0xfff, got {a:?}"),
     );
     f.survived(&mut h, "STATX of the export root", &a);
+    f.assert_none(&daemon);
+}
+
+/// FUSE_TMPFILE, which the daemon decodes itself (`server`): a body shorter than
+/// `fuse_create_in`, a name other than the kernel's ("/" or empty, with its NUL), an unknown
+/// or non-directory parent, no write access, or a reply room short of CREATE's whole answer
+/// are refused with an errno; the daemon's private names can be neither looked up nor made,
+/// renamed or removed; a good one is served, has nlink 0 and a LINK gives it a name, unless
+/// it was opened with O_EXCL (ENOENT). The daemon keeps serving throughout.
+#[test]
+fn hostile_tmpfile_requests_are_checked_and_private_names_stay_out_of_reach() {
+    const ROOM: u32 = 16 + 128 + 16;
+    let lab = Lab::get();
+    let (daemon, export, _m) = hostile_daemon(&lab, "hostile-tmpfile", &[]);
+    let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
+    let mut f = Failures::new();
+    let create_in = |flags: i32| {
+        Body::new()
+            .u32((flags | libc::O_TMPFILE) as u32)
+            .u32(libc::S_IFREG | 0o640)
+            .u32(0o022)
+            .u32(0)
+            .0
+    };
+    let good = Body::new().bytes(&create_in(libc::O_RDWR)).name(b"/").0;
+    let tmpfile = |h: &mut Hostile, node: u64, body: &[u8], room: u32| {
+        let u = h.next_unique();
+        h.raw(1, &request(op::FUSE_TMPFILE, u, node, None, body), room)
+    };
+    for len in [0usize, 8, 15] {
+        let a = tmpfile(&mut h, 1, &good[..len], ROOM);
+        let what = format!("TMPFILE with a {len}-byte body");
+        f.check(
+            errno_of(&a) == Some(libc::EINVAL),
+            format!("{what}: want EINVAL, got {a:?}"),
+        );
+        f.survived(&mut h, &what, &a);
+    }
+    for name in [
+        &b""[..],
+        b"/",
+        b"x\0",
+        b"//\0",
+        b"/\0\0",
+        b"../x\0",
+        &[b'a'; 300],
+    ] {
+        let body = Body::new().bytes(&create_in(libc::O_RDWR)).bytes(name).0;
+        let a = tmpfile(&mut h, 1, &body, ROOM);
+        let what = format!("TMPFILE named {:?}", String::from_utf8_lossy(name));
+        f.check(
+            errno_of(&a) == Some(libc::EINVAL),
+            format!("{what}: want EINVAL, got {a:?}"),
+        );
+        f.survived(&mut h, &what, &a);
+    }
+    for n in [0u64, 2, 4096, 1 << 32, u64::MAX] {
+        let a = tmpfile(&mut h, n, &good, ROOM);
+        let what = format!("TMPFILE in node {n:#x}");
+        f.check(refused(&a), format!("{what}: want an errno, got {a:?}"));
+        f.survived(&mut h, &what, &a);
+    }
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    let a = tmpfile(&mut h, file, &good, ROOM);
+    f.check(
+        errno_of(&a) == Some(libc::ENOTDIR),
+        format!("TMPFILE in a file: want ENOTDIR, got {a:?}"),
+    );
+    f.survived(&mut h, "TMPFILE in a file", &a);
+    let rdonly = Body::new().bytes(&create_in(libc::O_RDONLY)).name(b"/").0;
+    let a = tmpfile(&mut h, 1, &rdonly, ROOM);
+    f.check(
+        errno_of(&a) == Some(libc::EINVAL),
+        format!("TMPFILE O_RDONLY: want EINVAL, got {a:?}"),
+    );
+    for room in [16u32, 100, ROOM - 1] {
+        let a = tmpfile(&mut h, 1, &good, room);
+        let what = format!("TMPFILE with {room} bytes of reply room");
+        f.check(refused(&a), format!("{what}: want it refused, got {a:?}"));
+        f.survived(&mut h, &what, &a);
+    }
+    // The daemon's own names: not there for LOOKUP, and no request makes or moves one.
+    let private = b".ceph-virtiofsd-tmpfile.0.0";
+    let a = h.lookup(1, private);
+    f.check(
+        a.entry().is_none() && a.error().is_some(),
+        format!("LOOKUP of a private name: want no entry, got {a:?}"),
+    );
+    let mkdir = Body::new().u32(0o755).u32(0).name(private).0;
+    let a = h.req(op::FUSE_MKDIR, 1, &mkdir);
+    f.check(
+        errno_of(&a) == Some(libc::EPERM),
+        format!("MKDIR of a private name: want EPERM, got {a:?}"),
+    );
+    let rename = Body::new().u64(1).name(b"f").name(private).0;
+    let a = h.req(op::FUSE_RENAME, 1, &rename);
+    f.check(
+        errno_of(&a) == Some(libc::EPERM),
+        format!("RENAME onto a private name: want EPERM, got {a:?}"),
+    );
+    let a = h.req(op::FUSE_UNLINK, 1, &Body::new().name(private).0);
+    f.check(
+        errno_of(&a) == Some(libc::EPERM),
+        format!("UNLINK of a private name: want EPERM, got {a:?}"),
+    );
+    // A good one: entry and handle, nlink 0, then a LINK names it.
+    let a = tmpfile(&mut h, 1, &good, ROOM);
+    let nlink = a
+        .payload()
+        .get(104..108)
+        .map(|b| u32::from_le_bytes(b.try_into().unwrap()));
+    f.check(
+        a.entry().is_some() && nlink == Some(0) && a.payload().len() == 128 + 16,
+        format!("TMPFILE in the export root: want an entry with nlink 0 and a handle, got {a:?}"),
+    );
+    f.survived(&mut h, "TMPFILE in the export root", &a);
+    if let Some((node, _)) = a.entry() {
+        let link = Body::new().u64(node).name(b"named").0;
+        let a = h.req(op::FUSE_LINK, 1, &link);
+        f.check(
+            a.entry().map(|e| e.0) == Some(node),
+            format!("LINK of a tmpfile: want its entry, got {a:?}"),
+        );
+        f.check(
+            h.lookup(1, b"named").entry().map(|e| e.0) == Some(node),
+            "the linked tmpfile is not found by its name",
+        );
+    }
+    let excl = Body::new()
+        .bytes(&create_in(libc::O_RDWR | libc::O_EXCL))
+        .name(b"")
+        .0;
+    let a = tmpfile(&mut h, 1, &excl, ROOM);
+    if let Some((node, _)) = a.entry() {
+        let link = Body::new().u64(node).name(b"excl").0;
+        let a = h.req(op::FUSE_LINK, 1, &link);
+        f.check(
+            errno_of(&a) == Some(libc::ENOENT),
+            format!("LINK of an O_EXCL tmpfile: want ENOENT, got {a:?}"),
+        );
+    } else {
+        f.check(false, format!("TMPFILE O_EXCL: want an entry, got {a:?}"));
+    }
+    f.assert_none(&daemon);
+}
+
+/// SETXATTR in both sizes of `fuse_setxattr_in`: 8 bytes (size, flags) until an INIT offers
+/// FUSE_SETXATTR_EXT, which the daemon takes (its INIT reply says so) although fuse-backend-rs
+/// does not know it, then 16 (with setxattr_flags), decoded by the daemon itself; a body
+/// short of either, a value of another size than declared and a name without its NUL are
+/// EINVAL; an INIT without the flag brings the short form back. The daemon keeps serving.
+#[test]
+fn hostile_setxattr_in_both_struct_sizes_is_decoded_as_negotiated() {
+    const SETXATTR_EXT: u32 = 1 << 29;
+    let lab = Lab::get();
+    let (daemon, export, _m) = hostile_daemon(&lab, "hostile-setxattr", &[]);
+    let mut h = Hostile::connect(&lab, &daemon, &export, &[]);
+    let mut f = Failures::new();
+    let init = |h: &mut Hostile, flags: u32| {
+        let body = Body::new()
+            .u32(7)
+            .u32(38)
+            .u32(0)
+            .u32(flags)
+            .bytes(&[0; 48])
+            .0;
+        let u = h.next_unique();
+        let a = h.raw(1, &request(op::FUSE_INIT, u, 0, None, &body), REPLY);
+        a.payload()
+            .get(12..16)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+    };
+    let short = |name: &[u8], value: &[u8], flags: u32| {
+        Body::new()
+            .u32(value.len() as u32)
+            .u32(flags)
+            .name(name)
+            .bytes(value)
+            .0
+    };
+    let long = |name: &[u8], value: &[u8], flags: u32, sx: u32| {
+        Body::new()
+            .u32(value.len() as u32)
+            .u32(flags)
+            .u32(sx)
+            .u32(0)
+            .name(name)
+            .bytes(value)
+            .0
+    };
+    let getxattr = |h: &mut Hostile, node: u64, name: &[u8]| {
+        let a = h.req(
+            op::FUSE_GETXATTR,
+            node,
+            &Body::new().u32(256).u32(0).name(name).0,
+        );
+        (a.error() == Some(0)).then(|| a.payload().to_vec())
+    };
+    // The hostile frontend's INIT offers no SETXATTR_EXT: the short form.
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    let a = h.req(op::FUSE_SETXATTR, file, &short(b"user.short", b"one", 0));
+    f.check(
+        errno_of(&a) == Some(0),
+        format!("SETXATTR, short form: want success, got {a:?}"),
+    );
+    f.check(
+        getxattr(&mut h, file, b"user.short").as_deref() == Some(&b"one"[..]),
+        "the short form's value does not read back",
+    );
+    // An INIT offering SETXATTR_EXT: the daemon takes it.
+    let flags = init(&mut h, SETXATTR_EXT);
+    f.check(
+        flags.is_some_and(|fl| fl & SETXATTR_EXT != 0),
+        format!("INIT offering SETXATTR_EXT: want it in the reply's flags, got {flags:x?}"),
+    );
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    for sx in [0u32, 1, 0xffff_ffff] {
+        let a = h.req(
+            op::FUSE_SETXATTR,
+            file,
+            &long(
+                b"user.long",
+                b"twenty-two",
+                libc::XATTR_CREATE as u32 * u32::from(sx == 0),
+                sx,
+            ),
+        );
+        f.check(
+            errno_of(&a) == Some(0),
+            format!("SETXATTR, long form, setxattr_flags {sx:#x}: want success, got {a:?}"),
+        );
+    }
+    f.check(
+        getxattr(&mut h, file, b"user.long").as_deref() == Some(&b"twenty-two"[..]),
+        "the long form's value does not read back",
+    );
+    let a = h.req(
+        op::FUSE_SETXATTR,
+        file,
+        &long(b"user.long", b"x", libc::XATTR_CREATE as u32, 0),
+    );
+    f.check(
+        errno_of(&a) == Some(libc::EEXIST),
+        format!("SETXATTR, long form, XATTR_CREATE of an existing name: want EEXIST, got {a:?}"),
+    );
+    let good = long(b"user.long", b"v", 0, 0);
+    let mut bad: Vec<(String, Vec<u8>)> = vec![
+        ("a body of 12 bytes".into(), good[..12].to_vec()),
+        ("a body of 15 bytes".into(), good[..15].to_vec()),
+        (
+            "a name without its NUL".into(),
+            Body::new().u32(0).u32(0).u32(0).u32(0).bytes(b"user.x").0,
+        ),
+        (
+            "a value shorter than declared".into(),
+            long(b"user.x", b"abc", 0, 0),
+        ),
+    ];
+    let mut wrong_size = long(b"user.x", b"abc", 0, 0);
+    wrong_size[0] = 2;
+    bad.push(("a value longer than declared".into(), wrong_size));
+    bad[3].1[0] = 9;
+    for (what, body) in bad {
+        let a = h.req(op::FUSE_SETXATTR, file, &body);
+        let what = format!("SETXATTR, long form, {what}");
+        f.check(
+            errno_of(&a) == Some(libc::EINVAL),
+            format!("{what}: want EINVAL, got {a:?}"),
+        );
+        f.survived(&mut h, &what, &a);
+    }
+    for n in [0u64, 2, 1 << 32, u64::MAX] {
+        let a = h.req(op::FUSE_SETXATTR, n, &good);
+        let what = format!("SETXATTR, long form, of node {n:#x}");
+        f.check(refused(&a), format!("{what}: want an errno, got {a:?}"));
+        f.survived(&mut h, &what, &a);
+    }
+    // An INIT without the flag: the short form again.
+    let flags = init(&mut h, 0);
+    f.check(
+        flags.is_some_and(|fl| fl & SETXATTR_EXT == 0),
+        format!("INIT without SETXATTR_EXT: want it off, got {flags:x?}"),
+    );
+    let file = h.lookup(1, b"f").entry().expect("lookup f").0;
+    let a = h.req(op::FUSE_SETXATTR, file, &short(b"user.again", b"3", 0));
+    f.check(
+        errno_of(&a) == Some(0)
+            && getxattr(&mut h, file, b"user.again").as_deref() == Some(&b"3"[..]),
+        format!("SETXATTR, short form after a plain INIT: want success, got {a:?}"),
+    );
     f.assert_none(&daemon);
 }
 

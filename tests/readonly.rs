@@ -104,6 +104,20 @@ fn readonly_refuses_every_change_with_erofs_and_serves_reads() {
             )),
         ),
         (
+            "tmpfile",
+            errno(ceph_virtiofsd::server::WireOps::tmpfile(
+                &fs,
+                &root,
+                1,
+                CreateIn {
+                    flags: libc::O_RDWR as u32,
+                    mode: 0o644,
+                    umask: 0,
+                    fuse_flags: 0,
+                },
+            )),
+        ),
+        (
             "open O_WRONLY",
             errno(fs.open(&root, f, libc::O_WRONLY as u32, 0)),
         ),

@@ -191,9 +191,10 @@ impl CephFs {
 
     pub(super) fn do_getattr(&self, ctx: &Caller, inode: u64) -> io::Result<(stat64, Duration)> {
         let node = self.node_op(inode, "getattr", ctx)?;
-        let st = self
+        let mut st = self
             .mount()
             .getattr(&*self.inode(&node)?, WANT, 0, &self.perm(ctx))?;
+        self.tmpfile_nlink(node.id, &mut st.stx_nlink);
         Ok((
             to_stat(&st, &self.cfg.idmap),
             self.policy.ttl(self.class(&node)).attr,
@@ -219,6 +220,8 @@ impl CephFs {
                 Some((t.tv_sec, u32::try_from(t.tv_nsec).ok()?))
             })
             .flatten();
+        let mut st = st;
+        self.tmpfile_nlink(node.id, &mut st.stx_nlink);
         Ok((
             to_stat(&st, &self.cfg.idmap),
             btime,
@@ -295,7 +298,8 @@ impl CephFs {
             }
         }
         self.after_setattr(&node, mask, kill)?;
-        let out = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
+        let mut out = self.mount().getattr(&*self.inode(&node)?, WANT, 0, &perm)?;
+        self.tmpfile_nlink(node.id, &mut out.stx_nlink);
         Ok((
             to_stat(&out, &self.cfg.idmap),
             self.policy.ttl(self.class(&node)).attr,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ceph_client::{File, Inode};
 use fuse_backend_rs::abi::fuse_abi::WRITE_KILL_PRIV;
-use fuse_backend_rs::api::filesystem::{Context, ZeroCopyReader, ZeroCopyWriter};
+use fuse_backend_rs::api::filesystem::{Context, Entry, ZeroCopyReader, ZeroCopyWriter};
 use fuse_backend_rs::file_buf::FileVolatileSlice;
 use fuse_backend_rs::file_traits::FileReadWriteVolatile;
 
@@ -511,8 +511,26 @@ impl FileReadWriteVolatile for CephIo<'_> {
 }
 
 impl WireOps for CephFs {
-    fn init_flags(&self, _capable: u64) -> u64 {
-        self.init_want()
+    /// What `init` wants, and SETXATTR_EXT: the longer SETXATTR is decoded by the server,
+    /// which hands its ACL_KILL_SGID to [`Self::acl_kill_sgid`].
+    fn init_flags(&self) -> u64 {
+        self.init_want() | crate::wire::FUSE_SETXATTR_EXT
+    }
+
+    fn acl_kill_sgid(&self, ctx: &Context, ino: u64) -> io::Result<()> {
+        let ctx = &self.caller(ctx)?;
+        self.do_acl_kill_sgid(ctx, ino)
+    }
+
+    fn tmpfile(
+        &self,
+        ctx: &Context,
+        parent: u64,
+        args: fuse_backend_rs::abi::fuse_abi::CreateIn,
+    ) -> io::Result<(Entry, u64, fuse_backend_rs::abi::fuse_abi::OpenOptions)> {
+        self.writable()?;
+        let ctx = &self.caller(ctx)?;
+        self.do_tmpfile(ctx, parent, args)
     }
 
     fn statx(

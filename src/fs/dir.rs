@@ -248,6 +248,11 @@ impl CephFs {
                     Err(e) => return Err((e.into(), false)),
                 },
             };
+            // The daemon's own names (open O_TMPFILE files) are not there for the guest.
+            if names::is_private(&de.name[..]) {
+                s.pos = u64::try_from(de.offset).unwrap_or(0);
+                continue;
+            }
             // Stop before an entry that does not fit, without taking a node for it.
             let need = dirent_size(de.name.len(), plus);
             if need > room {

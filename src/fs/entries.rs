@@ -146,10 +146,12 @@ impl CephFs {
 
     pub(super) fn entry_for(&self, node: &Node, st: &Statx) -> Entry {
         let ttl = self.policy.ttl(self.class(node));
+        let mut attr = to_stat(st, &self.cfg.idmap);
+        self.tmpfile_nlink(node.id, &mut attr.st_nlink);
         Entry {
             inode: node.id,
             generation: 0,
-            attr: to_stat(st, &self.cfg.idmap),
+            attr,
             attr_flags: 0,
             attr_timeout: ttl.attr,
             entry_timeout: ttl.entry,
@@ -227,6 +229,10 @@ impl CephFs {
         // Snapshot policy `hidden`: the snapshot directory's name is not there; libcephfs is
         // not asked (see `child_entry`).
         if bytes == &*self.snapdir && !self.cfg.snapshots.visible() {
+            return Err(errno(libc::ENOENT));
+        }
+        // The daemon's own names (open O_TMPFILE files) are not there for the guest.
+        if names::is_private(bytes) {
             return Err(errno(libc::ENOENT));
         }
         let (inode, st) = self
@@ -625,8 +631,12 @@ impl CephFs {
         self.snapdir_change(&parent)?;
         let perm = self.perm(ctx);
         let inode = self.inode(&node)?;
-        self.mount()
-            .link(&inode, &*self.inode(&parent)?, newname, &perm)?;
+        let dir = self.inode(&parent)?;
+        // An O_TMPFILE's private name goes once it has this one (`tmpfile`).
+        self.link_node(node.id, || {
+            self.mount().link(&inode, &dir, newname, &perm)?;
+            Ok(())
+        })?;
         let st = self.mount().getattr(&inode, WANT, 0, &perm)?;
         self.unhide_returned(&parent, newname, st.stx_ino);
         // The new name is one more the node keeps (it may outlive the one it was found by).

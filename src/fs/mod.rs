@@ -37,6 +37,7 @@ pub mod shards;
 pub mod side;
 mod state;
 mod stats;
+mod tmpfile;
 mod xattr;
 
 use arc_swap::ArcSwap;
@@ -189,6 +190,9 @@ pub struct CephFs {
     migration: state::Migration,
     /// A new CephFS session after an eviction ([`recover`]).
     recovery: recover::Recovery,
+    /// The open O_TMPFILE files and their private names ([`tmpfile`]).
+    tmpfiles: tmpfile::TmpFiles,
+    /// The flags the last FUSE_INIT was answered with wanting (`FsOptions` bits).
     /// READs and WRITEs of O_DIRECT handles in flight without a thread waiting ([`aio`]).
     #[cfg(libcephfs_nonblocking)]
     aio: aio::Aio,
@@ -292,6 +296,7 @@ impl CephFs {
             trim_floor: AtomicUsize::new(0),
             migration: state::Migration::default(),
             recovery: recover::Recovery::default(),
+            tmpfiles: tmpfile::TmpFiles::default(),
             #[cfg(libcephfs_nonblocking)]
             aio: aio::Aio::default(),
         })
@@ -374,6 +379,7 @@ impl CephFs {
     fn end_session(&self) {
         self.handles.clear();
         self.nodes.clear();
+        self.tmpfiles_end();
     }
 
     /// The current CephFS session.
@@ -389,6 +395,7 @@ impl CephFs {
     pub fn shutdown(&self) -> io::Result<()> {
         self.handles.clear();
         self.nodes.clear();
+        self.tmpfiles_end();
         Ok(self.mount().shutdown(SHUTDOWN_WAIT)?)
     }
 
@@ -592,11 +599,13 @@ impl FileSystem for CephFs {
 
     fn forget(&self, _ctx: &Context, inode: u64, count: u64) {
         self.nodes.forget(inode, count);
+        self.tmpfile_forgotten(inode);
     }
 
     fn batch_forget(&self, _ctx: &Context, requests: Vec<(u64, u64)>) {
         for (inode, count) in requests {
             self.nodes.forget(inode, count);
+            self.tmpfile_forgotten(inode);
         }
     }
 

@@ -8,6 +8,17 @@ pub const NAME_MAX: usize = 255;
 /// xattr prefix the daemon keeps for itself: invisible and untouchable from the guest.
 pub const RESERVED_XATTR_PREFIX: &[u8] = b"trusted.ceph-virtiofsd.";
 
+/// Names the daemon keeps for itself in every directory: the open O_TMPFILE files
+/// ([`crate::fs`]'s `tmpfile`). The guest never sees them (LOOKUP: ENOENT; READDIR skips them)
+/// and cannot make, remove or rename one (EPERM, see [`check_changed`]).
+pub const PRIVATE_NAME_PREFIX: &[u8] = b".ceph-virtiofsd-tmpfile.";
+
+/// Whether `name` is one the daemon keeps for itself ([`PRIVATE_NAME_PREFIX`]).
+#[inline]
+pub fn is_private(name: &[u8]) -> bool {
+    name.starts_with(PRIVATE_NAME_PREFIX)
+}
+
 /// Ceph's virtual xattrs (layouts, quotas, recursive stats): readable, not settable by guests.
 pub const CEPH_XATTR_PREFIX: &[u8] = b"ceph.";
 
@@ -58,7 +69,8 @@ pub enum Change {
 /// client, and a directory holding it can never be removed. A Linux client of CephFS sees the
 /// name as an existing directory: creating it is EEXIST, unlinking it EISDIR; removing or
 /// renaming the virtual directory is refused as for a mount point (EBUSY). With snapshots
-/// hidden, the name is reserved (EPERM), so a guest learns nothing of it.
+/// hidden, the name is reserved (EPERM), so a guest learns nothing of it. The daemon's own
+/// names ([`is_private`]) are reserved the same way, whatever the change.
 pub fn check_changed(
     name: &CStr,
     snapdir: &[u8],
@@ -66,6 +78,9 @@ pub fn check_changed(
     change: Change,
 ) -> Result<(), i32> {
     check_name(name, Use::Change)?;
+    if is_private(name.to_bytes()) {
+        return Err(libc::EPERM);
+    }
     if name.to_bytes() != snapdir {
         return Ok(());
     }
@@ -176,6 +191,22 @@ mod tests {
             check_changed(&c(b"_snap"), b"_snap", true, Change::New),
             Err(libc::EEXIST)
         );
+    }
+
+    #[test]
+    fn hostile_the_daemons_private_names_are_reserved() {
+        for change in [Change::New, Change::Unlink, Change::Rmdir, Change::Rename] {
+            assert_eq!(
+                check_changed(&c(b".ceph-virtiofsd-tmpfile.1.2"), b".snap", true, change),
+                Err(libc::EPERM)
+            );
+            assert_eq!(
+                check_changed(&c(b".ceph-virtiofsd-tmpfile"), b".snap", true, change),
+                Ok(())
+            );
+        }
+        assert!(is_private(b".ceph-virtiofsd-tmpfile."));
+        assert!(!is_private(b"x.ceph-virtiofsd-tmpfile.1"));
     }
 
     #[test]

@@ -161,7 +161,7 @@ impl CephFs {
     /// place, so with KEEP_CACHE a buffered reader saw the old bytes. Without it, O_DIRECT I/O
     /// takes the kernel's direct I/O path, which writes back and invalidates the page cache of
     /// its range, as on a local filesystem, and still reaches us uncached.
-    fn open_options(&self, node: &Node) -> OpenOptions {
+    pub(super) fn open_options(&self, node: &Node) -> OpenOptions {
         let class = self.class(node);
         let mut o = OpenOptions::empty();
         if self.policy.direct_io(class) {

@@ -51,6 +51,31 @@ impl CephFs {
         }
     }
 
+    /// FUSE_SETXATTR_ACL_KILL_SGID after a POSIX access ACL was set: clear the setgid bit,
+    /// as Linux's `posix_acl_update_mode` does for a caller neither in the file's group nor
+    /// holding CAP_FSETID (the guest kernel decided that). libcephfs folds the ACL into the
+    /// mode but keeps the bit. Done as root: the caller just changed the ACL, which needs
+    /// ownership, and libcephfs would check group membership by the primary gid only.
+    pub(super) fn do_acl_kill_sgid(&self, ctx: &Caller, inode: u64) -> io::Result<()> {
+        let node = self.node_op(inode, "setxattr", ctx)?;
+        let ino_ref = self.inode(&node)?;
+        let root = self.perms.root();
+        let st = self
+            .mount()
+            .getattr(&ino_ref, ceph_client::CEPH_STATX_MODE, 0, &root)?;
+        let mode = u32::from(st.stx_mode);
+        if mode & libc::S_ISGID == 0 {
+            return Ok(());
+        }
+        let set = ceph_client::Statx {
+            stx_mode: u16::try_from(mode & 0o7777 & !libc::S_ISGID).unwrap_or(0),
+            ..Default::default()
+        };
+        Ok(self
+            .mount()
+            .setattr(&ino_ref, &set, ceph_client::CEPH_SETATTR_MODE, &root)?)
+    }
+
     pub(super) fn do_setxattr(
         &self,
         ctx: &Caller,

@@ -871,7 +871,7 @@ mod tests {
             Ok(())
         }
 
-        fn init_flags(&self, _capable: u64) -> u64 {
+        fn init_flags(&self) -> u64 {
             self.init_flags
         }
     }

@@ -1,8 +1,8 @@
 //! A reply that came after the guest was answered ETIMEDOUT (`--request-deadline`): what it
 //! took on the guest's behalf is given back, since the guest never heard of it.
 //!
-//! A node reference (LOOKUP, MKNOD, MKDIR, SYMLINK, LINK, CREATE, each READDIRPLUS entry) is
-//! one lookup the guest will never FORGET; a handle (OPEN, OPENDIR, CREATE) is one it will
+//! A node reference (LOOKUP, MKNOD, MKDIR, SYMLINK, LINK, CREATE, TMPFILE, each READDIRPLUS entry) is
+//! one lookup the guest will never FORGET; a handle (OPEN, OPENDIR, CREATE, TMPFILE) is one it will
 //! never RELEASE. Other replies took nothing: a late mutation (mkdir, unlink, setattr) stays
 //! done, as it does for Linux's CephFS client whose request timed out.
 
@@ -14,7 +14,7 @@ use tracing::info;
 
 use super::wire::{
     FUSE_CREATE, FUSE_LINK, FUSE_LOOKUP, FUSE_MKDIR, FUSE_MKNOD, FUSE_OPEN, FUSE_OPENDIR,
-    FUSE_READDIRPLUS, FUSE_SYMLINK, OUT_HEADER_LEN,
+    FUSE_READDIRPLUS, FUSE_SYMLINK, FUSE_TMPFILE, OUT_HEADER_LEN,
 };
 
 /// What a late reply held that is given back.
@@ -47,10 +47,11 @@ pub(crate) fn held(header: &InHeader, reply: &[u8]) -> Held {
     let body = OUT_HEADER_LEN;
     let entry = size_of::<EntryOut>();
     match header.opcode {
-        FUSE_LOOKUP | FUSE_MKNOD | FUSE_MKDIR | FUSE_SYMLINK | FUSE_LINK | FUSE_CREATE => {
+        FUSE_LOOKUP | FUSE_MKNOD | FUSE_MKDIR | FUSE_SYMLINK | FUSE_LINK | FUSE_CREATE
+        | FUSE_TMPFILE => {
             if let Some(node) = u64_at(reply, body).filter(|&n| n != 0) {
                 h.nodes.push(node);
-                if header.opcode == FUSE_CREATE {
+                if header.opcode == FUSE_CREATE || header.opcode == FUSE_TMPFILE {
                     if let Some(fh) = u64_at(reply, body + entry) {
                         h.handles.push((node, fh, false));
                     }

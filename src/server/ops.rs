@@ -1,7 +1,7 @@
 //! What the server asks of a filesystem beyond fuse-backend-rs's [`FileSystem`], one trait per
 //! concern, each named by the code that calls it:
 //! - [`WireOps`]: the opcodes fuse-backend-rs 0.14 does not dispatch and the pre-dispatch serves
-//!   (COPY_FILE_RANGE, SYNCFS);
+//!   (COPY_FILE_RANGE, SYNCFS, TMPFILE, STATX);
 //! - [`SessionOps`]: the storage session behind the filesystem, lost and recovered (the server
 //!   reports a lost one, the daemon waits for it and replaces it);
 //! - [`AsyncOps`]: READ and WRITE served without a thread waiting on the storage (the server's
@@ -49,13 +49,35 @@ pub trait WireOps {
     /// Flush everything the filesystem containing `ino` has buffered (`syncfs(2)`).
     fn syncfs(&self, ctx: &Context, ino: u64) -> io::Result<()>;
 
-    /// The FUSE_INIT flags (`flags | flags2 << 32`) the filesystem wants, given those the guest
-    /// offers (`capable`, the same 64 bits). fuse-backend-rs 0.14 keeps only the bits its
-    /// `FsOptions` knows (it drops FUSE_DIRECT_IO_ALLOW_MMAP, 1 << 36, for one): the server
-    /// hands `FileSystem::init` those, and writes the others into the reply itself. None by
-    /// default (then `FileSystem::init` alone decides, as fuse-backend-rs has it).
-    fn init_flags(&self, _capable: u64) -> u64 {
+    /// FUSE_TMPFILE (Linux 6.1+, protocol 7.37; `open(dir, O_TMPFILE)`): CREATE's answer,
+    /// the entry and open handle of a new regular file in directory `parent` that has no
+    /// name. ENOSYS (the guest then answers EOPNOTSUPP and asks no more) unless served.
+    fn tmpfile(
+        &self,
+        _ctx: &Context,
+        _parent: u64,
+        _args: fuse_backend_rs::abi::fuse_abi::CreateIn,
+    ) -> io::Result<(
+        fuse_backend_rs::api::filesystem::Entry,
+        u64,
+        fuse_backend_rs::abi::fuse_abi::OpenOptions,
+    )> {
+        Err(io::Error::from_raw_os_error(libc::ENOSYS))
+    }
+
+    /// The INIT flags (`flags | flags2 << 32`) the filesystem wants: those its `FileSystem::init`
+    /// answers, plus those fuse-backend-rs 0.14 cannot negotiate (unknown to its `FsOptions`:
+    /// SETXATTR_EXT, DIRECT_IO_ALLOW_MMAP), which the server adds to the INIT reply when the
+    /// guest offered them. Asked after each INIT. 0: none.
+    fn init_flags(&self) -> u64 {
         0
+    }
+
+    /// FUSE_SETXATTR_ACL_KILL_SGID: after a POSIX access ACL was set on `ino`, clear its
+    /// setgid bit (the guest kernel found the caller neither in the file's group nor holding
+    /// CAP_FSETID).
+    fn acl_kill_sgid(&self, _ctx: &Context, _ino: u64) -> io::Result<()> {
+        Ok(())
     }
 
     /// FUSE_STATX (Linux 6.6+ sends it when a statx(2) asks for the birth time): GETATTR's

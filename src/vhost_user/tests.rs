@@ -1497,7 +1497,8 @@ fn hostile_unserved_opcodes_get_enosys_and_never_reach_the_filesystem() {
         .unwrap_or_else(|e| panic!("{e}"));
     driver.submit(&init_request(1), 256);
     kick(&backend, &vring, 1);
-    let opcodes = [0, 7, 19, 37, 39, 40, 41, 48, 49, 51, 52, 4096, u32::MAX];
+    // 52 (STATX) is ENOSYS from this filesystem, which keeps no birth times.
+    let opcodes = [0, 7, 19, 37, 39, 40, 41, 48, 49, 52, 4096, u32::MAX];
     let body = [0u8; 64];
     let mut replies = Vec::new();
     for (i, &op) in opcodes.iter().enumerate() {
