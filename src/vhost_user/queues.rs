@@ -182,7 +182,7 @@ where
         };
         // From here on the request counts against --request-deadline, waiting for a thread
         // included.
-        let claim = chain::claim(&request, generation, queue, vring, &guard, Instant::now());
+        let claim = chain::claim(&request, generation, queue, vring, &guard);
         Some(Pending {
             claim,
             in_flight: self.inner.in_flight.enter(),
