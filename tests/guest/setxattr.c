@@ -7,18 +7,7 @@
 #include <string.h>
 #include <sys/xattr.h>
 
-static int failed;
-
-static void check(int ok, const char *name, const char *what)
-{
-    if (ok) {
-        printf("ok %s\n", name);
-    } else {
-        printf("not ok %s: %s (errno %s)\n", name, what, strerror(errno));
-        failed = 1;
-    }
-    fflush(stdout);
-}
+#include "check.h"
 
 int main(int argc, char **argv)
 {

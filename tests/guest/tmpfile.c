@@ -19,18 +19,7 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-static int failed;
-
-static void check(int ok, const char *name, const char *what)
-{
-    if (ok) {
-        printf("ok %s\n", name);
-    } else {
-        printf("not ok %s: %s (errno %s)\n", name, what, strerror(errno));
-        failed = 1;
-    }
-    fflush(stdout);
-}
+#include "check.h"
 
 /* Entries of dir as CephFS counts them (ceph.dir.entries), -1 on error. */
 static long ceph_entries(const char *dir)
