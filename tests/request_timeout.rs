@@ -239,7 +239,6 @@ fn a_guest_with_a_request_timeout_through_an_mds_failover() {
 }
 
 const FUSE_LOOKUP: u32 = 1;
-const FUSE_READ: u32 = 15;
 const FUSE_WRITE: u32 = 16;
 const FUSE_MKDIR: u32 = 9;
 /// The reply room Linux gives an entry reply: out-header and `fuse_entry_out`.
@@ -251,6 +250,33 @@ fn small(h: &mut Hostile, opcode: u32, node: u64, body: &[u8]) -> Answer {
     h.raw(1, &request(opcode, u, node, None, body), ENTRY_REPLY)
 }
 const INODES: &str = "ceph_virtiofsd_inodes";
+
+/// Wait (at most a minute) until `daemon` has logged its `n` late results as dropped (no more);
+/// those lines.
+fn late_results_dropped(daemon: &Daemon, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = daemon.log_text();
+        let dropped: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains("its result is dropped"))
+            .map(str::to_owned)
+            .collect();
+        if dropped.len() >= n {
+            assert_eq!(
+                dropped.len(),
+                n,
+                "more late results than early answers:\n{log}"
+            );
+            return dropped;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the late results were not dropped:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
 
 /// `--request-deadline 2` at the FUSE wire, with the MDS stopped: a GETATTR of a cached inode
 /// is answered as usual, a LOOKUP of a name the daemon never saw and a MKDIR are answered
@@ -351,24 +377,7 @@ fn a_request_past_the_deadline_is_answered_etimedout_and_its_late_result_dropped
 
     // Both calls complete once the MDS is back; their results are dropped, their references
     // given back.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let dropped = loop {
-        let log = daemon.log_text();
-        let dropped: Vec<String> = log
-            .lines()
-            .filter(|l| l.contains("its result is dropped"))
-            .map(str::to_owned)
-            .collect();
-        if dropped.len() == 2 {
-            break dropped;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the late results were not dropped:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    for l in &dropped {
+    for l in &late_results_dropped(&daemon, 2) {
         println!("{l}");
         assert!(l.contains("nodes_released=1"), "{l}");
     }
@@ -440,17 +449,7 @@ fn reads_and_writes_past_the_deadline_with_the_osd_stopped_are_answered_etimedou
     let resume = cluster.stop_osd("0");
     h.set_timeout_ms(20_000);
     let started = Instant::now();
-    let u = h.next_unique();
-    let read_in = Body::new()
-        .u64(fh)
-        .u64(0)
-        .u32(4096)
-        .u32(0)
-        .u64(0)
-        .u32(0)
-        .u32(0)
-        .0;
-    let read = h.raw(1, &request(FUSE_READ, u, node, None, &read_in), 16 + 4096);
+    let read = h.read_into(node, fh, 0, 4096, 16 + 4096);
     assert_eq!(
         read.error(),
         Some(-libc::ETIMEDOUT),
@@ -487,33 +486,9 @@ fn reads_and_writes_past_the_deadline_with_the_osd_stopped_are_answered_etimedou
     assert_eq!(answered, 2, "each request answered early is logged:\n{log}");
     drop(resume);
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while daemon
-        .log_text()
-        .lines()
-        .filter(|l| l.contains("its result is dropped"))
-        .count()
-        < 2
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the late results were not dropped:\n{}",
-            daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    late_results_dropped(&daemon, 2);
     // The file holds the old bytes, or the late write's where it landed: never anything else.
-    let u = h.next_unique();
-    let read_in = Body::new()
-        .u64(fh)
-        .u64(0)
-        .u32(8192)
-        .u32(0)
-        .u64(0)
-        .u32(0)
-        .u32(0)
-        .0;
-    let again = h.raw(1, &request(FUSE_READ, u, node, None, &read_in), 16 + 8192);
+    let again = h.read_into(node, fh, 0, 8192, 16 + 8192);
     assert_eq!(
         again.error(),
         Some(0),

@@ -90,7 +90,10 @@ where
             }
             match &self.inner.pool {
                 Some(pool) if queue != HIPRIO_QUEUE => match dispatch {
-                    Dispatch::Cached if self.inner.cost.cheap(pending.opcode()) => {
+                    Dispatch::Quick | Dispatch::Cached
+                        if self.inner.cost.cheap(pending.opcode()) =>
+                    {
+                        // What waited for the batch's end goes first: it will take longer.
                         if let Some(prev) = last.take() {
                             self.submit(pool, vring, prev, queue, false);
                         }
@@ -98,13 +101,6 @@ where
                     }
                     Dispatch::Waits | Dispatch::Blocks | Dispatch::Cached => {
                         self.submit(pool, vring, pending, queue, false)
-                    }
-                    Dispatch::Quick if self.inner.cost.cheap(pending.opcode()) => {
-                        // What waited for the batch's end goes first: it will take longer.
-                        if let Some(prev) = last.take() {
-                            self.submit(pool, vring, prev, queue, false);
-                        }
-                        self.serve(pending, vring, queue);
                     }
                     Dispatch::Quick => {
                         if let Some(prev) = last.replace(pending) {

@@ -300,19 +300,23 @@ impl Hostile {
     }
 
     pub fn read(&mut self, node: u64, fh: u64, offset: u64, size: u32) -> Answer {
-        self.req(
-            op::FUSE_READ,
-            node,
-            &Body::new()
-                .u64(fh)
-                .u64(offset)
-                .u32(size)
-                .u32(0)
-                .u64(0)
-                .u32(0)
-                .u32(0)
-                .0,
-        )
+        self.read_into(node, fh, offset, size, REPLY)
+    }
+
+    /// [`Self::read`] with `room` writable bytes for the reply (Linux gives a READ its
+    /// out-header and `size`).
+    pub fn read_into(&mut self, node: u64, fh: u64, offset: u64, size: u32, room: u32) -> Answer {
+        let body = Body::new()
+            .u64(fh)
+            .u64(offset)
+            .u32(size)
+            .u32(0)
+            .u64(0)
+            .u32(0)
+            .u32(0)
+            .0;
+        let u = self.next_unique();
+        self.raw(1, &request(op::FUSE_READ, u, node, None, &body), room)
     }
 
     pub fn readdirplus(&mut self, node: u64, fh: u64) -> Answer {
