@@ -11,10 +11,16 @@ use super::VhostUserFsBackend;
 use crate::server::Servable;
 
 /// Counts requests in flight so shutdown can wait for them. Entering and leaving are one atomic
-/// operation each; the lock is taken only when the count drops to zero while someone waits.
+/// operation each; the lock is taken, and the condition variable woken, only when the count
+/// drops to zero while someone waits: the standard library's `notify_all` is a futex system call
+/// even with no waiter, and on the request path that was one system call per request.
 #[derive(Debug, Default)]
 pub(super) struct InFlight {
     pub(super) count: AtomicUsize,
+    /// Threads in `wait_idle`. With `count`, a Dekker pair: a waiter raises it before it reads
+    /// the count, a leaving request lowers the count before it reads this (both SeqCst), so at
+    /// least one of the two sees the other.
+    waiters: AtomicUsize,
     lock: Mutex<()>,
     idle: Condvar,
 }
@@ -38,23 +44,30 @@ impl InFlight {
     pub(super) fn wait_idle(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
         let mut g = self.lock.lock().unwrap_or_else(PoisonError::into_inner);
-        while self.count.load(Ordering::Acquire) > 0 {
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let idle = loop {
+            if self.count.load(Ordering::SeqCst) == 0 {
+                break true;
+            }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
-                return false;
+                break false;
             };
             g = self
                 .idle
                 .wait_timeout(g, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
-        }
-        true
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        idle
     }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1
+            && self.0.waiters.load(Ordering::SeqCst) > 0
+        {
             // Taking the lock orders this wake-up after a waiter's check of the count.
             let _g = self.0.lock.lock().unwrap_or_else(PoisonError::into_inner);
             self.0.idle.notify_all();
@@ -158,5 +171,58 @@ where
     }
     fn resume(&self) {
         self.reopen();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The last request to leave wakes a waiter: a lost wake-up would hold `wait_idle` for its
+    /// whole limit (a minute), so the 2,000 races below would take hours instead of well under
+    /// the bound asserted. Threads leave before, while and after the waiter checks the count.
+    #[test]
+    fn the_last_request_to_leave_wakes_a_waiter_without_losing_the_wake_up() {
+        let in_flight = Arc::new(InFlight::default());
+        let started = Instant::now();
+        for round in 0..2_000u32 {
+            let guards: Vec<_> = (0..1 + round % 3).map(|_| in_flight.enter()).collect();
+            let leaver = std::thread::spawn(move || {
+                for (i, g) in guards.into_iter().enumerate() {
+                    for _ in 0..(round as usize * 7 + i * 13) % 500 {
+                        std::hint::spin_loop();
+                    }
+                    drop(g);
+                }
+            });
+            assert!(in_flight.wait_idle(Duration::from_secs(60)), "round {round}");
+            leaver.join().unwrap();
+            assert_eq!(in_flight.waiters.load(Ordering::SeqCst), 0);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(50),
+            "a wake-up was lost: {:?} for 2,000 rounds",
+            started.elapsed()
+        );
+    }
+
+    /// Without a waiter, leaving takes no lock: a request that leaves while a thread holds the
+    /// lock (as a waiter does between its checks) is not held up by it.
+    #[test]
+    fn leaving_without_a_waiter_takes_no_lock() {
+        let in_flight = Arc::new(InFlight::default());
+        let g = in_flight.enter();
+        let held = in_flight.lock.lock().unwrap();
+        let f = in_flight.clone();
+        let leaver = std::thread::spawn(move || drop(g));
+        // Joining while the lock is held would deadlock if leaving took it.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(leaver.join().is_ok());
+        });
+        let left = rx.recv_timeout(Duration::from_secs(30));
+        drop(held);
+        assert_eq!(left, Ok(true), "leaving waited for the lock");
+        assert_eq!(f.count.load(Ordering::SeqCst), 0);
     }
 }
