@@ -15,8 +15,15 @@ use std::time::{Duration, Instant};
 /// Where a window starts growing from (KVM's `halt_poll_ns_grow_start`).
 pub const GROW_START: Duration = Duration::from_micros(10);
 
-/// Looks at the awaited condition between two clock reads (and CPU yields) while spinning.
-pub const LOOKS_PER_YIELD: u32 = 32;
+/// Looks at the awaited condition between two clock reads while spinning.
+pub const LOOKS_PER_CLOCK_READ: u32 = 32;
+
+/// How long a spin runs between two CPU yields. A yield is a system call (about half a
+/// microsecond on a virtualised host), and a spin that yielded every few dozen looks paid it
+/// within most round trips it waited for: the answer that came during the yield waited for it.
+/// Ten microseconds is longer than a cached request's round trip and short against a scheduler
+/// slice, so a waited-for thread queued on this core is not held up noticeably.
+pub const YIELD_EVERY: Duration = Duration::from_micros(10);
 
 /// What one look at the awaited condition found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,23 +39,33 @@ pub enum Look {
 /// Spin for at most `window`, calling `look` until it finds [`Look::Ready`] (true) or
 /// [`Look::GiveUp`] (false); false also when the window runs out.
 ///
-/// Every `looks_per_yield` looks the clock is read and the CPU yielded: KVM's halt polling
-/// stops when another task wants the CPU, and on a small host the thread this spinner waits
-/// for may be queued on this very core.
-pub fn spin_until(window: Duration, looks_per_yield: u32, mut look: impl FnMut() -> Look) -> bool {
-    let deadline = Instant::now() + window;
+/// Every `looks_per_clock_read` looks the clock is read, and the CPU is yielded once per
+/// [`YIELD_EVERY`]: KVM's halt polling stops when another task wants the CPU, and on a small
+/// host the thread this spinner waits for may be queued on this very core.
+pub fn spin_until(
+    window: Duration,
+    looks_per_clock_read: u32,
+    mut look: impl FnMut() -> Look,
+) -> bool {
+    let start = Instant::now();
+    let deadline = start + window;
+    let mut next_yield = start + YIELD_EVERY;
     loop {
-        for _ in 0..looks_per_yield.max(1) {
+        for _ in 0..looks_per_clock_read.max(1) {
             match look() {
                 Look::Ready => return true,
                 Look::GiveUp => return false,
                 Look::NotYet => std::hint::spin_loop(),
             }
         }
-        if Instant::now() >= deadline {
+        let now = Instant::now();
+        if now >= deadline {
             return false;
         }
-        std::thread::yield_now();
+        if now >= next_yield {
+            std::thread::yield_now();
+            next_yield = now + YIELD_EVERY;
+        }
     }
 }
 

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, warn};
 
-use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
+use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_CLOCK_READ};
 
 /// One unit of work: serving one request.
 pub(super) type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -205,7 +205,7 @@ impl Slot {
 
     /// Spin for at most `window` until something is handed over; true if it was.
     fn spin(&self, window: Duration) -> bool {
-        spin_until(window, LOOKS_PER_YIELD, || {
+        spin_until(window, LOOKS_PER_CLOCK_READ, || {
             if self.ready.load(Ordering::Acquire) {
                 Look::Ready
             } else {

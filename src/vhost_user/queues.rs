@@ -21,7 +21,7 @@ use super::{
     rescue, GuestBitmap, GuestMem, Inner, MemGuard, VhostUserFsBackend, Vring, HIPRIO_QUEUE,
 };
 use crate::metrics;
-use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_YIELD};
+use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_CLOCK_READ};
 use crate::server::{FuseServer, Servable};
 use crate::wire::{FUSE_COPY_FILE_RANGE, FUSE_SETLKW, FUSE_SYNCFS};
 
@@ -342,7 +342,7 @@ where
             return false;
         };
         let guard = mem.memory();
-        spin_until(window, LOOKS_PER_YIELD, || {
+        spin_until(window, LOOKS_PER_CLOCK_READ, || {
             if self.inner.closed.load(Ordering::Relaxed) {
                 return Look::GiveUp;
             }
