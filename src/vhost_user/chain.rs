@@ -1100,8 +1100,16 @@ fn reply_head(
 
 /// Return chain `head` to the guest with `used` bytes written, and notify it when it asked to
 /// be (EVENT_IDX's used_event, or no NO_INTERRUPT): one hold of the vring's lock. Nothing when
-/// the ring the request came from was stopped meanwhile (`ring`).
-pub(super) fn give_back(vring: &Vring, head: u16, used: u32, queue: usize, generation: u64) {
+/// the ring the request came from was stopped meanwhile (`ring`). `mem` is the memory map the
+/// request was served with: the used ring is written through it as the reply was.
+pub(super) fn give_back(
+    vring: &Vring,
+    mem: &GuestMemoryMmap<GuestBitmap>,
+    head: u16,
+    used: u32,
+    queue: usize,
+    generation: u64,
+) {
     use vhost_user_backend::VringT;
     let mut state = vring.get_mut();
     if !state.get_queue().ready() || !vring.current(generation) {
@@ -1113,19 +1121,26 @@ pub(super) fn give_back(vring: &Vring, head: u16, used: u32, queue: usize, gener
         );
         return;
     }
-    used_ring(&mut state, head, used, queue);
+    used_ring(&mut state, mem, head, used, queue);
 }
 
 /// The used-ring end of a trip, for a caller holding the ring's lock: `head` used with `used`
-/// bytes, and the guest notified if it asked to be.
-fn used_ring(state: &mut VringState<GuestMem>, head: u16, used: u32, queue: usize) {
-    if let Err(e) = state.add_used(head, used) {
-        warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
-        return;
-    }
-    match state.needs_notification() {
+/// bytes, and the guest notified if it asked to be. Through `split`, with the memory map the
+/// caller holds: `VringState`'s own methods load the frontend's map anew for each call (two
+/// atomic loads and releases per request), and translate each ring field anew.
+fn used_ring(
+    state: &mut VringState<GuestMem>,
+    mem: &GuestMemoryMmap<GuestBitmap>,
+    head: u16,
+    used: u32,
+    queue: usize,
+) {
+    match super::split::add_used(state.get_queue_mut(), mem, head, used) {
+        Err(e) => {
+            warn!(queue, head, error = %e, "Cannot return a descriptor chain to the guest");
+        }
         Ok(false) => {}
-        Ok(true) | Err(_) => {
+        Ok(true) => {
             if let Err(e) = state.signal_used_queue() {
                 warn!(queue, error = %e, "Cannot notify the guest");
             }
@@ -1146,7 +1161,7 @@ pub(super) fn complete_locked<F>(
 {
     let outcome = serve(server, mem, r, Live::Locked, queue, Instant::now(), None);
     let used = used_len(outcome.used, queue, r.head);
-    used_ring(state, r.head, used, queue);
+    used_ring(state, mem, r.head, used, queue);
 }
 
 /// Serve `r` and give its chain back: the whole trip, begun at `start`. Never panics on guest
@@ -1178,7 +1193,7 @@ where
         }
     }
     let used = used_len(outcome.used, queue, r.head);
-    give_back(vring, r.head, used, queue, generation);
+    give_back(vring, mem, r.head, used, queue, generation);
     outcome.took
 }
 

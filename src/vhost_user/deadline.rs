@@ -294,5 +294,5 @@ fn answer(c: &Claim, now: Instant) {
         age_ms = u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
         "Request unanswered at --request-deadline: answered ETIMEDOUT (as Linux's CephFS client answers an MDS request that ran out of time); its libcephfs call goes on, and what it gives is dropped"
     );
-    give_back(&c.vring, c.head, used, c.queue, c.generation);
+    give_back(&c.vring, &c.mem, c.head, used, c.queue, c.generation);
 }

@@ -56,6 +56,7 @@ mod queues;
 mod rescue;
 mod ring;
 mod session;
+mod split;
 mod transfer;
 
 pub use chain::ChainError;

@@ -127,7 +127,7 @@ where
         None | Some(Started::NotTaken) => Some(p),
         Some(Started::Answered(written)) => {
             let used = used_len(written, queue, head);
-            give_back(vring, head, used, queue, p.generation);
+            give_back(vring, &p.guard, head, used, queue, p.generation);
             drop(p);
             None
         }
@@ -219,7 +219,7 @@ where
         }
     };
     let used = used_len(written, queue, head);
-    give_back(&vring, head, used, queue, pending.generation);
+    give_back(&vring, &pending.guard, head, used, queue, pending.generation);
     drop(pending);
     tracing::debug!(queue, head, used, "async request answered");
 }

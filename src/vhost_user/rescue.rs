@@ -68,7 +68,11 @@ impl InlineWatch {
     }
 
     fn now(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX - 1)
+        self.stamp(Instant::now())
+    }
+
+    fn stamp(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.base).as_nanos()).unwrap_or(u64::MAX - 1)
     }
 
     /// The thread [`Self::enter`] wakes when the rescuer is idle.
@@ -76,11 +80,12 @@ impl InlineWatch {
         let _ = self.rescuer.set(t);
     }
 
-    /// `queue`'s thread starts serving a request itself, until the guard is dropped.
-    pub(super) fn enter(&self, queue: usize) -> InlineGuard<'_> {
+    /// `queue`'s thread starts serving a request itself at `at`, until the guard is dropped
+    /// (`at` is the caller's clock read, so that a request reads the clock once to begin).
+    pub(super) fn enter_at(&self, queue: usize, at: Instant) -> InlineGuard<'_> {
         let slot = self.started.get(queue);
         if let Some(s) = slot {
-            s.store(self.now() + 1, Ordering::Release);
+            s.store(self.stamp(at) + 1, Ordering::Release);
         }
         // SeqCst, with `go_idle`: either the rescuer sees this request begun, or this sees it
         // idle and wakes it.
@@ -137,8 +142,8 @@ mod tests {
     fn only_a_request_running_past_the_limit_is_overdue() {
         let w = InlineWatch::new(3);
         assert!(w.overdue(Duration::ZERO).is_empty());
-        let g1 = w.enter(1);
-        let g2 = w.enter(2);
+        let g1 = w.enter_at(1, Instant::now());
+        let g2 = w.enter_at(2, Instant::now());
         assert!(w.any_running());
         std::thread::sleep(Duration::from_millis(5));
         assert!(w.overdue(Duration::from_secs(60)).is_empty());
@@ -155,13 +160,13 @@ mod tests {
     fn the_rescuer_goes_idle_only_when_nothing_began_and_nothing_runs() {
         let w = InlineWatch::new(2);
         let seen = w.begun();
-        let g = w.enter(1);
+        let g = w.enter_at(1, Instant::now());
         assert!(!w.go_idle(seen), "a request began since");
         assert!(!w.go_idle(w.begun()), "a request runs");
         drop(g);
         assert!(w.go_idle(w.begun()));
         // The next inline request wakes it: the flag is taken back.
-        let _g = w.enter(1);
+        let _g = w.enter_at(1, Instant::now());
         assert!(!w.idle.load(Ordering::SeqCst));
     }
 
@@ -179,7 +184,7 @@ mod tests {
         w.set_rescuer(t.thread().clone());
         rx.recv().unwrap();
         let started = Instant::now();
-        drop(w.enter(1));
+        drop(w.enter_at(1, Instant::now()));
         t.join().unwrap();
         assert!(started.elapsed() < Duration::from_secs(30));
     }
