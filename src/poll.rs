@@ -18,12 +18,14 @@ pub const GROW_START: Duration = Duration::from_micros(10);
 /// Looks at the awaited condition between two clock reads while spinning.
 pub const LOOKS_PER_CLOCK_READ: u32 = 32;
 
-/// How long a spin runs between two CPU yields. A yield is a system call (about half a
-/// microsecond on a virtualised host), and a spin that yielded every few dozen looks paid it
-/// within most round trips it waited for: the answer that came during the yield waited for it.
-/// Ten microseconds is longer than a cached request's round trip and short against a scheduler
-/// slice, so a waited-for thread queued on this core is not held up noticeably.
-pub const YIELD_EVERY: Duration = Duration::from_micros(10);
+/// How long a spin runs before it first yields the CPU. A yield is a system call (about half
+/// a microsecond on a virtualised host), and a spin that yielded every few dozen looks from the
+/// start paid it within most round trips it waited for: the answer that came during the yield
+/// waited for it. A cached request's round trip takes a microsecond or two on a 2-core host, so
+/// most spins end before this; a wait that lasts longer is a slow request or a CPU shared with
+/// other work, and from then on the spin yields every few dozen looks, so that the thread it
+/// waits for, perhaps queued on this very core, gets it soon.
+pub const FIRST_YIELD: Duration = Duration::from_micros(2);
 
 /// What one look at the awaited condition found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +41,8 @@ pub enum Look {
 /// Spin for at most `window`, calling `look` until it finds [`Look::Ready`] (true) or
 /// [`Look::GiveUp`] (false); false also when the window runs out.
 ///
-/// Every `looks_per_clock_read` looks the clock is read, and the CPU is yielded once per
-/// [`YIELD_EVERY`]: KVM's halt polling stops when another task wants the CPU, and on a small
+/// Every `looks_per_clock_read` looks the clock is read, and from [`FIRST_YIELD`] on the CPU
+/// is yielded too: KVM's halt polling stops when another task wants the CPU, and on a small
 /// host the thread this spinner waits for may be queued on this very core.
 pub fn spin_until(
     window: Duration,
@@ -49,7 +51,7 @@ pub fn spin_until(
 ) -> bool {
     let start = Instant::now();
     let deadline = start + window;
-    let mut next_yield = start + YIELD_EVERY;
+    let first_yield = start + FIRST_YIELD;
     loop {
         for _ in 0..looks_per_clock_read.max(1) {
             match look() {
@@ -62,9 +64,8 @@ pub fn spin_until(
         if now >= deadline {
             return false;
         }
-        if now >= next_yield {
+        if now >= first_yield {
             std::thread::yield_now();
-            next_yield = now + YIELD_EVERY;
         }
     }
 }

@@ -26,8 +26,8 @@ use vmm_sys_util::eventfd::EventFd;
 const VIRTQ_DESC_F_NEXT: u16 = 1;
 const VIRTQ_DESC_F_WRITE: u16 = 2;
 const VIRTQ_USED_F_NO_NOTIFY: u16 = 1;
-/// Spin iterations between two clock reads while halt-polling (`spin_until` yields the CPU
-/// once per `YIELD_EVERY`).
+/// Spin iterations between two clock reads while halt-polling (`spin_until` also yields the CPU
+/// there once the wait has lasted `FIRST_YIELD`).
 const SPINS_PER_CLOCK_READ: u32 = 64;
 
 /// The spec's `vring_need_event`: the other side asked to be notified once the index moves
