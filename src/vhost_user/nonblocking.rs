@@ -219,7 +219,14 @@ where
         }
     };
     let used = used_len(written, queue, head);
-    give_back(&vring, &pending.guard, head, used, queue, pending.generation);
+    give_back(
+        &vring,
+        &pending.guard,
+        head,
+        used,
+        queue,
+        pending.generation,
+    );
     drop(pending);
     tracing::debug!(queue, head, used, "async request answered");
 }

@@ -13,11 +13,11 @@ use virtio_queue::QueueT;
 use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
 use super::chain::{self, Request};
-use super::split;
 use super::cost::ServeCost;
 use super::deadline::Claim;
 use super::pool::WorkerPool;
 use super::session::InFlightGuard;
+use super::split;
 use super::{
     rescue, GuestBitmap, GuestMem, Inner, MemGuard, VhostUserFsBackend, Vring, HIPRIO_QUEUE,
 };
@@ -201,7 +201,13 @@ where
     pub(super) fn serve(&self, p: Pending, vring: &Vring, queue: usize) {
         let start = Instant::now();
         let _inline = self.inner.watch.enter_at(queue, start);
-        p.serve_from(start, &self.inner.server, vring, queue, Some(&self.inner.cost));
+        p.serve_from(
+            start,
+            &self.inner.server,
+            vring,
+            queue,
+            Some(&self.inner.cost),
+        );
     }
 
     /// The queue thread of `queue` is held by a slow request: hand what waits in its ring to

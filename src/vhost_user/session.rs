@@ -195,7 +195,10 @@ mod tests {
                     drop(g);
                 }
             });
-            assert!(in_flight.wait_idle(Duration::from_secs(60)), "round {round}");
+            assert!(
+                in_flight.wait_idle(Duration::from_secs(60)),
+                "round {round}"
+            );
             leaver.join().unwrap();
             assert_eq!(in_flight.waiters.load(Ordering::SeqCst), 0);
         }
