@@ -110,7 +110,7 @@ where
                     }
                 },
                 // No choice to make, so nothing to time.
-                _ => pending.serve(&self.inner.server, vring, queue, None),
+                _ => pending.serve(Instant::now(), &self.inner.server, vring, queue, None),
             }
         }
         if let Some(p) = last {
@@ -149,7 +149,7 @@ where
                 if let Some(pool) = self.inner.pool.as_ref().or(self.inner.waits_pool.as_ref()) {
                     self.submit(pool, vring, pending, queue, true);
                 } else {
-                    pending.serve(&self.inner.server, vring, queue, None);
+                    pending.serve(Instant::now(), &self.inner.server, vring, queue, None);
                 }
                 continue;
             }
@@ -201,7 +201,7 @@ where
     pub(super) fn serve(&self, p: Pending, vring: &Vring, queue: usize) {
         let start = Instant::now();
         let _inline = self.inner.watch.enter_at(queue, start);
-        p.serve_from(
+        p.serve(
             start,
             &self.inner.server,
             vring,
@@ -267,7 +267,7 @@ where
             .then(|| self.inner.cost.clone());
         let vring = vring.clone();
         pool.submit(
-            Box::new(move || p.serve(&server, &vring, queue, cost.as_deref())),
+            Box::new(move || p.serve(Instant::now(), &server, &vring, queue, cost.as_deref())),
             waits,
         );
     }
@@ -477,24 +477,12 @@ impl Pending {
         self.request.opcode()
     }
 
-    /// Serve the request and give it back; with `cost`, account how long that took.
-    pub(super) fn serve<F>(
-        self,
-        server: &FuseServer<F>,
-        vring: &Vring,
-        queue: usize,
-        cost: Option<&ServeCost>,
-    ) where
-        F: Servable,
-    {
-        self.serve_from(Instant::now(), server, vring, queue, cost);
-    }
-
-    /// [`Self::serve`] for a request whose serving began at `start`.
+    /// Serve the request, begun at `start`, and give it back; with `cost`, account how long
+    /// that took.
     // Inlined: a `Pending` is a few hundred bytes, and each call that takes or returns one
     // by value copies it (measured: five copies per request before).
     #[inline(always)]
-    pub(super) fn serve_from<F>(
+    pub(super) fn serve<F>(
         self,
         start: Instant,
         server: &FuseServer<F>,

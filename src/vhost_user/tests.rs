@@ -1581,7 +1581,7 @@ fn hostile_header_rewritten_after_the_pop_cannot_start_a_lock_wait() {
         .unwrap_or_else(|e| panic!("{e}"));
     std::thread::scope(|s| {
         // A plain thread, as a worker: only the server's own decision keeps it from waiting.
-        let t = s.spawn(|| pending.serve(&backend.inner.server, &vring, 1, None));
+        let t = s.spawn(|| pending.serve(Instant::now(), &backend.inner.server, &vring, 1, None));
         let deadline = Instant::now() + Duration::from_secs(10);
         while !t.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
@@ -1676,7 +1676,7 @@ fn hostile_setlkw_reaching_a_queue_thread_is_refused() {
     std::thread::scope(|s| {
         let t = s.spawn(|| {
             mark_queue_thread();
-            pending.serve(&backend.inner.server, &vring, 1, None);
+            pending.serve(Instant::now(), &backend.inner.server, &vring, 1, None);
         });
         let deadline = Instant::now() + Duration::from_secs(10);
         while !t.is_finished() && Instant::now() < deadline {
