@@ -215,7 +215,7 @@ fn sigterm_unmounts_cleanly_under_a_live_guest() {
     let pid = daemon.pid();
     // The guest keeps a file open and waits; the host stops the daemon meanwhile.
     // (The holder runs in the background: once the daemon is gone, closing its file would wait
-    // for ever, see tests/faults.rs.)
+    // for ever, see tests/faults/main.rs.)
     let script = "#!/bin/sh\n\
         ( exec 3>/mnt/held; echo data >&3; touch /mnt/ready; sleep 3600 ) &\n\
         sleep 30\n";

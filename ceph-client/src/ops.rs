@@ -143,7 +143,7 @@ impl Mount {
     /// close followed by an `O_TRUNC` open is enough) is trimmed by the OSD, but leaves the
     /// object grown to where it began. Nothing shows that tail until an MDS failover makes
     /// the MDS probe the objects of a file a client could write: then it becomes the file's
-    /// size (tests/stale_tail.rs). A size at or above the cached one truncates no object.
+    /// size (tests/fs_layer/stale_tail.rs). A size at or above the cached one truncates no object.
     pub fn setattr(&self, inode: &Inode, stx: &Statx, mask: u32, perms: &UserPerm) -> Result<()> {
         if mask & CEPH_SETATTR_SIZE != 0 {
             let cached = self

@@ -16,6 +16,87 @@ use std::time::{Duration, Instant};
 
 use ceph_client::{Mount, MountBuilder, UserPerm, CEPH_STATX_BASIC_STATS};
 
+/// Who may use the lab cluster while a test runs. Cargo runs the tests of one binary on parallel
+/// threads (and the binaries one after another), so a test that needs the cluster to itself —
+/// it fills it, restarts its MDS, floods `/volumes` — holds [`cluster_alone`] for its whole run,
+/// and every other test of its binary holds [`cluster_shared`]; a binary with no such test
+/// needs neither. [`every_test_takes_the_cluster_gate`] checks a binary's sources for that.
+static CLUSTER_GATE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Wait until no other test of this binary holds the cluster, then keep it until the guard is
+/// dropped (the end of the test, also when it fails).
+pub fn cluster_alone() -> std::sync::RwLockWriteGuard<'static, ()> {
+    // A test that failed holding the gate is over: the next one may go on.
+    CLUSTER_GATE
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Use the cluster beside the other tests of this binary, but never beside a test that holds
+/// [`cluster_alone`]; kept until the guard is dropped.
+pub fn cluster_shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    CLUSTER_GATE
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Every `#[test]` fn of the test binary in `tests/<binary>/` (its `main.rs` and modules) takes
+/// [`cluster_alone`] or [`cluster_shared`] in its own body, except `exempt` (tests that do not
+/// touch the cluster). A test added to a binary that has a test needing the cluster alone
+/// fails here until it says which it is.
+pub fn every_test_takes_the_cluster_gate(binary: &str, exempt: &[&str]) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(binary);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    files.sort();
+    let mut missing = Vec::new();
+    for path in &files {
+        let file = path.display();
+        let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            if l.trim() != "#[test]" {
+                continue;
+            }
+            // The fn after its attributes and doc comments; its body ends at the `}` of its
+            // own indentation.
+            let Some((at, head)) = lines[i..]
+                .iter()
+                .enumerate()
+                .find(|(_, l)| l.trim_start().starts_with("fn "))
+            else {
+                continue;
+            };
+            let indent = &head[..head.len() - head.trim_start().len()];
+            let name: String = head
+                .trim_start()
+                .trim_start_matches("fn ")
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            let end = format!("{indent}}}");
+            let gated = lines[i + at..]
+                .iter()
+                .take_while(|l| **l != end)
+                .any(|l| l.contains("cluster_alone()") || l.contains("cluster_shared()"));
+            if !gated && !exempt.contains(&name.as_str()) {
+                missing.push(format!("{file}: {name}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "tests that take neither common::cluster_shared() nor common::cluster_alone() (one \
+         of their binary's tests needs the cluster alone; see tests/common/mod.rs):\n{}",
+        missing.join("\n")
+    );
+}
+
 /// FUSE request credentials of a guest caller.
 pub fn ctx(uid: u32, gid: u32) -> fuse_backend_rs::api::filesystem::Context {
     let mut c = fuse_backend_rs::api::filesystem::Context::new();
@@ -261,7 +342,7 @@ impl Drop for Daemon {
     /// Stops the daemon as an operator would (SIGTERM: it unmounts and ends its MDS session),
     /// SIGKILL only after the bound of `stop`. A daemon killed outright leaves its session for
     /// the MDS to time out, and an MDS restart in another test then waits for it to reconnect
-    /// (tests/faults.rs saw a guest's first write wait past its 20 s bound).
+    /// (tests/faults/main.rs saw a guest's first write wait past its 20 s bound).
     fn drop(&mut self) {
         self.stop();
     }

@@ -1,4 +1,4 @@
-//! Helpers of the quarantine tests (`tests/quarantine.rs`, `tests/quarantine_churn.rs`).
+//! Helpers of the quarantine tests (`tests/quarantine/`).
 
 use std::io;
 use std::process::Command;

@@ -7,10 +7,9 @@
 //! under the export. The export is `/NAME/data`; `/NAME/other/secret` is what must stay out
 //! of reach.
 
-mod common;
-
-use common::hostile::{hostile_daemon, op, request, Answer, Body, Hostile, REPLY};
-use common::Lab;
+use crate::common;
+use crate::common::hostile::{hostile_daemon, op, request, Answer, Body, Hostile, REPLY};
+use crate::common::Lab;
 
 /// Collects what went wrong, so one run reports every failing attack.
 struct Failures(Vec<String>);

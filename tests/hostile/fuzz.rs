@@ -11,12 +11,11 @@
 //! request wants `--log-level warn --slow-request-secs 5`). The daemon's log is
 //! `<lab>/scratch/hostile-fuzz/daemon.log`.
 
-mod common;
-
 use std::process::Command;
 
-use common::hostile::{hostile_daemon, Hostile};
-use common::{seed_from_env, Lab};
+use crate::common;
+use crate::common::hostile::{hostile_daemon, Hostile};
+use crate::common::{seed_from_env, Lab};
 
 #[test]
 fn hostile_fuzz_keeps_the_daemon_alive_inside_its_export_and_bounded() {

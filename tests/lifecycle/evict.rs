@@ -10,14 +10,12 @@
 //! `recover_session=clean`) until released, a new open writes, the directory stream lists, and
 //! the recovery is counted in the metrics. A second eviction is recovered too.
 
-mod common;
-
 use std::ffi::CString;
 use std::time::{Duration, Instant};
 
+use crate::common::hostile::{metric, op, scrape_metrics, Answer, Body, Hostile};
+use crate::common::{ceph_dir, ceph_read_all, Daemon, Lab};
 use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS};
-use common::hostile::{metric, op, scrape_metrics, Answer, Body, Hostile};
-use common::{ceph_dir, ceph_read_all, Daemon, Lab};
 
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len)

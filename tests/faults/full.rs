@@ -2,17 +2,16 @@
 //! must see ENOSPC itself (not EIO, not a hang), keep what it wrote and synced before, and write
 //! again through the same daemon once space is back.
 //!
-//! A binary of its own because it makes the whole lab cluster full (its OSD full ratio goes to
-//! almost zero): cargo runs test binaries one after another, so no other test sees it, and a
-//! guard puts the ratios back however this test ends.
-
-mod common;
+//! It makes the whole lab cluster full (its OSD full ratio goes to almost zero), so it holds the
+//! cluster alone (`common::cluster_alone`): no other test sees it, and a guard puts the ratios
+//! back however this test ends.
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{ceph_dir, ceph_lookup, ceph_read_all, run_guest, Daemon, Lab};
+use crate::common;
+use crate::common::{ceph_dir, ceph_lookup, ceph_read_all, run_guest, Daemon, Lab};
 
 /// The cluster's OSD ratios, set with the ceph CLI (in an order the monitor accepts).
 fn set_ratios(conf: &Path, nearfull: &str, backfillfull: &str, full: &str) {
@@ -51,6 +50,7 @@ impl Drop for Unfill<'_> {
 
 #[test]
 fn a_full_cluster_reaches_the_guest_as_enospc_and_serving_resumes() {
+    let _alone = common::cluster_alone();
     let lab = Lab::get();
     let name = format!("fault-full-{}", std::process::id());
     let export = lab.export_dir(&name);

@@ -5,13 +5,12 @@
 //! here, on the lab cluster, from the daemon binary. (On main the daemon sends nothing.) The
 //! unit under real systemd: tests/package_install.rs.
 
-mod common;
-
 use std::os::unix::net::UnixDatagram;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Lab;
+use crate::common;
+use crate::common::Lab;
 
 /// The next notification, or None after `secs` without one.
 fn next(sock: &UnixDatagram, secs: u64) -> Option<String> {

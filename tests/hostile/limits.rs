@@ -4,8 +4,6 @@
 //! lookup counts that a failed reply does not leak, the snapshot policy, no device nodes and no
 //! privileged xattrs from a squashed root, and the SB_NOSEC kill on every path that changes data.
 
-mod common;
-
 use std::ffi::CStr;
 use std::io;
 
@@ -18,7 +16,8 @@ use ceph_virtiofsd::idmap::{IdMapping, Rule};
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
 use fuse_backend_rs::api::filesystem::{Context, FileSystem};
 
-use common::{c, ctx, errno, Lab};
+use crate::common;
+use crate::common::{c, ctx, errno, Lab};
 
 const CAP_XATTR: &CStr = c"security.capability";
 /// A version-2 vfs_cap_data granting nothing: its presence is what counts.

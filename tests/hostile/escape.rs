@@ -6,8 +6,6 @@
 //! got). The oracle: every inode a reply names is resolved through a second libcephfs client
 //! mounted at "/" and must lie in the export's subtree.
 
-mod common;
-
 use std::collections::{BTreeSet, HashSet};
 use std::ffi::CString;
 
@@ -16,7 +14,8 @@ use ceph_virtiofsd::fs::{CephFs, FsConfig};
 use fuse_backend_rs::abi::fuse_abi::FsOptions;
 use fuse_backend_rs::api::filesystem::{Entry, FileSystem};
 
-use common::{c, ctx, errno, Lab};
+use crate::common;
+use crate::common::{c, ctx, errno, Lab};
 
 /// mkdir -p of `path` (relative to `/`) with the "/" client; returns the last inode number.
 fn mkdirs(m: &Mount, path: &str) -> u64 {

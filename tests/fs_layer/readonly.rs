@@ -3,14 +3,14 @@
 //! reaches libcephfs, and serves every read as before. Another client then sees the export
 //! unchanged. (On main, `--readonly` exits 2: tests/virtiofsd_flags.rs.)
 
-mod common;
-
 use ceph_client::MountBuilder;
 use ceph_virtiofsd::fs::{CephFs, FsConfig};
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, FsOptions, SetattrValid};
 use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::{c, ceph_dir, ceph_lookup, ceph_read_all, create_as, ctx, errno, fs_write, Lab, Sink};
+use crate::common::{
+    c, ceph_dir, ceph_lookup, ceph_read_all, create_as, ctx, errno, fs_write, Lab, Sink,
+};
 
 /// The filesystem layer on `export`, with `readonly`, after FUSE_INIT.
 fn layer(lab: &Lab, export: &str, readonly: bool) -> CephFs {

@@ -1,9 +1,20 @@
 //! Faults under a real guest: the MDS restarted mid-workload, the OSD restarted mid-workload (on
-//! BlueStore), and the daemon killed mid-workload. Data the guest had acknowledged (fsync
-//! returned) must survive intact; the guest must see an error it can act on rather than hang
-//! forever.
+//! BlueStore), and the daemon killed mid-workload (here), MDS failover churn ([`churn`]), a full
+//! cluster ([`full`]), a slow OSD and a stalled MDS ([`slow`]). Data the guest had acknowledged
+//! (fsync returned) must survive intact; the guest must see an error it can act on rather than
+//! hang forever.
+//!
+//! One test binary. The tests that do to the lab cluster what no other test may see (restart
+//! its MDS, fill it) hold it alone (`common::cluster_alone`), every other test holds it shared
+//! (`common::cluster_shared`), so they never run beside each other; those of a cluster of their
+//! own run side by side. One module alone: `cargo test --test faults churn::`.
 
+#[path = "../common/mod.rs"]
 mod common;
+
+mod churn;
+mod full;
+mod slow;
 
 use std::ffi::CString;
 use std::path::PathBuf;
@@ -34,6 +45,7 @@ fn wait_exists(m: &Mount, parent: &Inode, name: &str, guest: &std::thread::JoinH
 
 #[test]
 fn mds_restart_mid_workload_loses_nothing() {
+    let _alone = common::cluster_alone();
     let lab = Lab::get();
     let name = format!("fault-mds-{}", std::process::id());
     let export = lab.export_dir(&name);
@@ -80,6 +92,7 @@ fn mds_restart_mid_workload_loses_nothing() {
 
 #[test]
 fn daemon_killed_mid_workload_keeps_acknowledged_data() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("fault-kill-{}", std::process::id());
     let export = lab.export_dir(&name);
@@ -194,6 +207,7 @@ fn daemon_killed_mid_workload_keeps_acknowledged_data() {
 /// without unmounting under the blocked call.
 #[test]
 fn stop_with_a_request_blocked_in_a_lock_wait_does_not_hang() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("fault-lockwait-{}", std::process::id());
     let export = lab.export_dir(&name);
@@ -267,6 +281,7 @@ fn stop_with_a_request_blocked_in_a_lock_wait_does_not_hang() {
 /// so the guest writes 1 MiB files until refused, and at most 64 of them.
 #[test]
 fn quota_exceeded_reaches_the_guest_as_edquot_and_serving_resumes() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("fault-quota-{}", std::process::id());
     let export = lab.export_dir(&name);
@@ -366,6 +381,7 @@ fn quota_exceeded_reaches_the_guest_as_edquot_and_serving_resumes() {
 /// A cluster of the test's own, so the shared one's OSD is not restarted under other tests.
 #[test]
 fn osd_restart_mid_workload_on_bluestore_loses_nothing() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("fault-osd-{}", std::process::id());
     let cluster = common::hostile::PrivateCluster::start_with(&lab, &name, &["--bluestore"]);
@@ -424,6 +440,7 @@ fn osd_restart_mid_workload_on_bluestore_loses_nothing() {
 /// Before, the recall could only be counted: 300 held directories stayed held.
 #[test]
 fn mds_cache_pressure_recalls_release_the_inodes_the_guest_holds() {
+    let _cluster = common::cluster_shared();
     use common::hostile::{hostile_daemon, metric, scrape_metrics, Hostile};
     let lab = Lab::get();
     let name = format!("fault-recall-{}", std::process::id());
@@ -500,4 +517,11 @@ fn mds_cache_pressure_recalls_release_the_inodes_the_guest_holds() {
     }
     assert!(sample("ceph_virtiofsd_inode_refinds_total") >= (DIRS / 2) as f64);
     println!("recall: {recalls} recalls, {released} released, {held} held of {held_before}");
+}
+
+/// Every test above and in the modules takes the cluster gate: the binary has tests that need
+/// the lab cluster alone.
+#[test]
+fn every_test_takes_the_cluster_gate() {
+    common::every_test_takes_the_cluster_gate("faults", &["every_test_takes_the_cluster_gate"]);
 }

@@ -3,15 +3,14 @@
 //! filesystem layer the way fuse-backend-rs's server sends it, against the real cluster; the
 //! expected result is what a local Linux filesystem and the kernel CephFS client answer.
 
-mod common;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use ceph_virtiofsd::fs::CephFs;
 use fuse_backend_rs::abi::fuse_abi::{stat64, CreateIn, SetattrValid};
 use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::{c, create_as, ctx, errno, Lab, Payload, Sink};
+use crate::common;
+use crate::common::{c, create_as, ctx, errno, Lab, Payload, Sink};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
     common::fs_layer(lab, &format!("{name}-{}", std::process::id()))

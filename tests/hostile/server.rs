@@ -1,14 +1,13 @@
 //! The end of a frontend's FUSE session against the real cluster: what the vhost-user layer
 //! does when a `--keep-serving` frontend goes away without a DESTROY.
 
-mod common;
-
 use std::sync::Arc;
 
 use ceph_virtiofsd::server::FuseServer;
 use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::{c, ctx, errno, Lab};
+use crate::common;
+use crate::common::{c, ctx, errno, Lab};
 
 /// Ending the session drops every node and handle the frontend was given (their libcephfs
 /// references with them): the next frontend can use neither, and its handle numbers do not

@@ -11,16 +11,15 @@
 //! second client must then get a conflicting lock and open the written file for writing within
 //! 2 s of the successor listening — or, in the control, must not.
 
-mod common;
-
 use std::ffi::CString;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::common;
+use crate::common::hostile::{op, Body, Hostile, PrivateCluster};
+use crate::common::{Daemon, Lab};
 use ceph_client::{File, Inode, Mount, UserPerm, CEPH_STATX_BASIC_STATS};
-use common::hostile::{op, Body, Hostile, PrivateCluster};
-use common::{Daemon, Lab};
 
 /// The bound: the second client has the lock this soon after the successor listens.
 const BOUND: Duration = Duration::from_secs(2);
@@ -409,7 +408,7 @@ fn restart_with_no_active_mds_fails_the_start_instead_of_waiting() {
 /// Without `--instance-id` (the default) nothing ends the dead daemon's session: the lock and
 /// the caps come back only when the MDS gives up on the session (`mds_session_timeout`, 60 s
 /// by default, then the next session tick). Slow, hence ignored; run it for the figure:
-/// `cargo test --test restart -- --ignored --nocapture`.
+/// `cargo test --test lifecycle restart:: -- --ignored --nocapture`.
 #[test]
 #[ignore]
 fn restart_without_instance_id_waits_for_the_mds_session_timeout() {

@@ -1,11 +1,9 @@
 //! Subvolume churn against one long-running daemon's quarantine (issue 13): CSI creates and
 //! deletes uniquely named subvolumes, over a daemon's life more than it has domain ids.
 //!
-//! A binary of its own: thousands of subvolumes under `/volumes` make every watcher on the
-//! cluster slower for a while, which the timing-bound tests in `tests/quarantine.rs` must not
-//! share (cargo runs test binaries one after the other).
-
-mod common;
+//! It holds the lab cluster alone (`common::cluster_alone`): thousands of subvolumes under
+//! `/volumes` make every watcher on the cluster slower for a while, which the timing-bound tests
+//! of `tests/quarantine/main.rs` must not share.
 
 use std::io;
 use std::sync::Arc;
@@ -17,8 +15,9 @@ use ceph_virtiofsd::quarantine::{self, CephAccess, Gate, QuarantineConfig, Watch
 use fuse_backend_rs::abi::fuse_abi::FsOptions;
 use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::quarantine::{mkdirs, qcfg, run_cmd, wait_for, wait_up_to, walk};
-use common::{c, errno, Lab};
+use crate::common;
+use crate::common::quarantine::{mkdirs, qcfg, run_cmd, wait_for, wait_up_to, walk};
+use crate::common::{c, errno, Lab};
 
 /// A daemon exporting "/" with its watcher (dropped together) and its gate.
 struct Daemon {
@@ -120,6 +119,7 @@ fn subvolume_count(m: &Mount) -> usize {
 /// hundred free ids, so that each batch both reuses ids and overflows.
 #[test]
 fn hostile_quarantine_subvolume_churn_beyond_the_domain_table() {
+    let _alone = common::cluster_alone();
     use std::collections::BTreeSet;
     let lab = Lab::get();
     let m = lab.ceph();

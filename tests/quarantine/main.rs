@@ -4,8 +4,16 @@
 //!
 //! Subvolumes are made as mgr lays them out (`/volumes/<group>/<name>`), with plain mkdir, so
 //! the cluster needs no mgr; discovery is by that layout.
+//!
+//! One test binary with [`churn`], the subvolume churn of one long-running daemon. That one holds
+//! the lab cluster alone (`common::cluster_alone`): its thousands of subvolumes under `/volumes`
+//! make every watcher on the cluster slower for a while, which the timing-bound tests here must
+//! not share; they hold it shared (`common::cluster_shared`) and run side by side.
 
+#[path = "../common/mod.rs"]
 mod common;
+
+mod churn;
 
 use std::io;
 use std::path::Path;
@@ -113,6 +121,7 @@ fn has_reserved(fs: &CephFs, id: u64) -> bool {
 
 #[test]
 fn quarantine_end_to_end() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let group = format!("qt{}", std::process::id());
     let sva = format!("/volumes/{group}/sva");
@@ -313,6 +322,7 @@ fn quarantine_end_to_end() {
 
 #[test]
 fn new_subvolumes_are_discovered_and_plain_dirs_are_not_domains() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let group = format!("qn{}", std::process::id());
     mkdirs(&lab.ceph(), &format!("/volumes/{group}"));
@@ -363,6 +373,7 @@ fn mds_requests(asok: &Path) -> u64 {
 /// a subvolume. (Lock counts need no test: the gate takes no lock, see quarantine.rs.)
 #[test]
 fn no_extra_mds_requests_with_quarantine_on() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let tag = format!("qc{}", std::process::id());
     let sv = format!("/volumes/{tag}/sv");
@@ -483,6 +494,7 @@ fn no_extra_mds_requests_with_quarantine_on() {
 /// listing fail with EACCES; the sibling works; the guest cannot read or set the state xattr.
 #[test]
 fn guest_open_handle_and_cached_dentry() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let group = format!("qg{}", std::process::id());
     let sv = format!("/volumes/{group}/sv");
@@ -562,6 +574,7 @@ echo "QT done"
 /// while the same files by their new paths worked.
 #[test]
 fn guest_renames_survive_another_tenants_quarantine() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let group = format!("qr{}", std::process::id());
     let sv = format!("/volumes/{group}/sv");
@@ -668,6 +681,7 @@ fn path_daemon(lab: &Lab, paths: &[&str]) -> Daemon {
 /// from the root, the cwd-relative lookup and the open descriptor must all be denied.
 #[test]
 fn hostile_quarantine_late_directory_cwd_and_open_fd() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let top = format!("/hostile-qlate-{}", std::process::id());
     mkdirs(&lab.ceph(), &format!("{top}/p0"));
@@ -710,6 +724,7 @@ fn hostile_quarantine_late_directory_cwd_and_open_fd() {
 /// quarantined directory: the guest's node follows it there.
 #[test]
 fn hostile_quarantine_directory_renamed_in_by_another_client() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let top = format!("/hostile-qren-{}", std::process::id());
     let q = format!("{top}/q");
@@ -741,6 +756,7 @@ fn hostile_quarantine_directory_renamed_in_by_another_client() {
 /// holds nor a fresh lookup of the outside name reaches the file afterwards.
 #[test]
 fn hostile_quarantine_hard_link_made_before() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let top = format!("/hostile-qlink-{}", std::process::id());
     let q = format!("{top}/q");
@@ -776,6 +792,7 @@ fn hostile_quarantine_hard_link_made_before() {
 /// the domain of that name.
 #[test]
 fn hostile_quarantine_recreated_subvolume() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let group = format!("hqr{}", std::process::id());
     let sv = format!("/volumes/{group}/sv");
@@ -803,6 +820,7 @@ fn hostile_quarantine_recreated_subvolume() {
 /// export is in the subvolume's domain all the same.
 #[test]
 fn hostile_quarantine_unnormalised_ceph_root() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let group = format!("hqn{}", std::process::id());
     mkdirs(&lab.ceph(), &format!("/volumes/{group}/sv/data"));
@@ -881,6 +899,7 @@ fn create_open(fs: &CephFs, dir: u64, name: &str) -> (u64, u64) {
 /// change failed closed on it: EACCES for the guest's own open descriptor.
 #[test]
 fn hostile_quarantine_the_guests_own_renames_keep_what_it_holds() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("hostile-qmine-{}", std::process::id());
     let (fs, gate, _d) = gated_fs(&lab, &name);
@@ -968,6 +987,7 @@ fn hostile_quarantine_the_guests_own_renames_keep_what_it_holds() {
 /// afterwards, and leaves no lock behind.
 #[test]
 fn hostile_quarantine_setlkw_granted_after_the_quarantine() {
+    let _cluster = common::cluster_shared();
     use fuse_backend_rs::api::filesystem::FileLock;
     let lab = Lab::get();
     let name = format!("hostile-qlock-{}", std::process::id());
@@ -1016,6 +1036,7 @@ fn hostile_quarantine_setlkw_granted_after_the_quarantine() {
 /// A copy_file_range out of a quarantined file stops at the next chunk, not after 4 GiB.
 #[test]
 fn hostile_quarantine_copy_file_range_stops_at_the_next_chunk() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("hostile-qcopy-{}", std::process::id());
     let (fs, gate, _d) = gated_fs(&lab, &name);
@@ -1063,6 +1084,7 @@ fn hostile_quarantine_copy_file_range_stops_at_the_next_chunk() {
 /// answered from libcephfs's cache (no MDS request), with each directory walked once.
 #[test]
 fn hostile_quarantine_rederivation_costs_no_mds_request() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("hostile-qcost-{}", std::process::id());
     let export = lab.export_dir(&name);
@@ -1136,6 +1158,7 @@ fn hostile_quarantine_rederivation_costs_no_mds_request() {
 /// the table is full is denied (fail closed), not left untracked.
 #[test]
 fn hostile_quarantine_domain_table_full_fails_closed() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let tag = format!("hqo{}", std::process::id());
     mkdirs(&lab.ceph(), &format!("/{tag}"));
@@ -1177,6 +1200,7 @@ fn ceph(lab: &Lab, args: &[&str]) -> String {
 /// (`/volumes/_nogroup/<sv>/<uuid>`), so the test needs no mgr: CI's cluster runs none.
 #[test]
 fn quarantine_watcher_with_its_own_id_serves_a_path_confined_tenant() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let pid = std::process::id();
     let name = format!("qwatch{pid}");
@@ -1296,4 +1320,10 @@ if cat /mnt/f >/dev/null 2>&1; then echo "QW read ok"; else echo "QW read denied
         "{log}"
     );
     assert!(!log.contains("the watcher cannot mount CephFS"), "{log}");
+}
+
+/// Every test here and in [`churn`] takes the cluster gate: [`churn`] needs the cluster alone.
+#[test]
+fn every_test_takes_the_cluster_gate() {
+    common::every_test_takes_the_cluster_gate("quarantine", &["every_test_takes_the_cluster_gate"]);
 }

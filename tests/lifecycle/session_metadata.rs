@@ -4,9 +4,7 @@
 //! keep their sessions, unlike `--instance-id`). On the lab cluster. (On main there is no
 //! `--name`: clap refuses it, exit 2.)
 
-mod common;
-
-use common::{Daemon, Lab};
+use crate::common::{Daemon, Lab};
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
 

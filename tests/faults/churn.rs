@@ -10,17 +10,16 @@
 //! acknowledgements around the failover) and how soon after the new MDS was active a record was
 //! acknowledged, with medians and p99: figures for the record, not pass/fail.
 //!
-//! A binary of its own: it starts its own cluster (with a standby MDS), so no other test sees
-//! the failovers.
-
-mod common;
+//! Each test starts a cluster of its own (with a standby MDS), so no other test sees the
+//! failovers.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::hostile::PrivateCluster;
-use common::{ceph_dir, ceph_read_all, run_guest, Daemon, Lab};
+use crate::common;
+use crate::common::hostile::PrivateCluster;
+use crate::common::{ceph_dir, ceph_read_all, run_guest, Daemon, Lab};
 
 /// How long after a failover has finished the guest's writer may take to be answered: far
 /// beyond a failover on this machine (seconds), far below "forever".
@@ -53,6 +52,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[test]
 fn mds_failover_churn_loses_no_acknowledged_write_and_never_hangs_the_guest() {
+    let _cluster = common::cluster_shared();
     churn("standby", "--standby-mds");
 }
 
@@ -60,6 +60,7 @@ fn mds_failover_churn_loses_no_acknowledged_write_and_never_hangs_the_guest() {
 /// over without reading the journal first.
 #[test]
 fn mds_failover_churn_with_standby_replay_loses_no_acknowledged_write() {
+    let _cluster = common::cluster_shared();
     churn("standby-replay", "--standby-replay");
 }
 

@@ -21,16 +21,15 @@
 //!
 //! Each test has a cluster of its own: the faults it injects would slow every other test.
 
-mod common;
-
 use std::ffi::CString;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use crate::common;
+use crate::common::hostile::{metric, scrape_metrics, Answer, Hostile, PrivateCluster};
+use crate::common::{Daemon, Lab};
 use ceph_client::{Mount, UserPerm, CEPH_STATX_BASIC_STATS};
-use common::hostile::{metric, scrape_metrics, Answer, Hostile, PrivateCluster};
-use common::{Daemon, Lab};
 
 const STUCK: &str = "ceph_virtiofsd_fuse_requests_stuck";
 /// How long the frontend waits for an answer: a request not answered within it is "slow";
@@ -263,6 +262,7 @@ fn reported(what: &str, daemon: &Daemon, metrics: &Path, opcode: &str, waits_on:
 
 #[test]
 fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("slow-osd-{}", std::process::id());
     let cluster = PrivateCluster::start(&lab, &name);
@@ -306,6 +306,7 @@ fn a_slow_osd_holds_up_only_the_request_that_waits_for_it() {
 
 #[test]
 fn a_stalled_mds_holds_up_only_the_request_that_waits_for_it() {
+    let _cluster = common::cluster_shared();
     let lab = Lab::get();
     let name = format!("slow-mds-{}", std::process::id());
     let cluster = PrivateCluster::start(&lab, &name);

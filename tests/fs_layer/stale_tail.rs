@@ -24,8 +24,6 @@
 //!
 //! A cluster of its own (the delay would slow every other test).
 
-mod common;
-
 use std::ffi::CString;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -34,8 +32,9 @@ use ceph_virtiofsd::fs::CephFs;
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
 use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::hostile::PrivateCluster;
-use common::{c, ctx, Lab, Sink};
+use crate::common;
+use crate::common::hostile::PrivateCluster;
+use crate::common::{c, ctx, Lab, Sink};
 
 const ROUNDS: usize = 12;
 /// CephFS's default layout: 4 MiB objects.

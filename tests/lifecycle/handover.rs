@@ -9,14 +9,13 @@
 //! own client). A successor that cannot take the session (another export) must leave the guest
 //! on the old daemon, which goes on serving.
 
-mod common;
-
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{bench_binary, ceph_dir, ceph_lookup, ceph_read_all, Daemon, Lab};
+use crate::common;
+use crate::common::{bench_binary, ceph_dir, ceph_lookup, ceph_read_all, Daemon, Lab};
 
 const RECORD: usize = 4096;
 

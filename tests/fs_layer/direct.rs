@@ -1,15 +1,14 @@
 //! The filesystem layer against the real cluster, called in-process the way fuse-backend-rs's
 //! server calls it: lookup counts, handle validation, and the bad input a guest can send.
 
-mod common;
-
 use std::ffi::CStr;
 
 use ceph_virtiofsd::fs::CephFs;
 use fuse_backend_rs::abi::fuse_abi::SetattrValid;
 use fuse_backend_rs::api::filesystem::FileSystem;
 
-use common::{c, ctx, errno, Lab, Payload, Sink};
+use crate::common;
+use crate::common::{c, ctx, errno, Lab, Payload, Sink};
 
 fn fs_for(lab: &Lab, name: &str) -> CephFs {
     common::fs_layer(lab, name)
