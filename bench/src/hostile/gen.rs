@@ -277,7 +277,7 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
     // (C_MDS_mknod_finish: ceph_assert(dir)), and an open of a special file for writing asks
     // for a max_size it asserts only files have (Locker::check_inode_max_size), so each ends
     // the run for every client of the cluster: the daemon must refuse them before libcephfs
-    // sees them (tests/hostile_wire.rs has the targeted cases), and the fuzzer sends them.
+    // sees them (tests/hostile/wire.rs has the targeted cases), and the fuzzer sends them.
     let mode = |r: &mut Rng| -> u32 {
         let kind = if r.chance(125) {
             r.pick(&ODD_TYPES).copied().unwrap_or(libc::S_IFDIR)
@@ -300,7 +300,7 @@ fn body(r: &mut Rng, k: &Known, op: u32) -> Vec<u8> {
             // Only a few fields, so the tree stays small: no size over 1 MiB on valid nodes.
             // FATTR_SIZE only with FATTR_FH (a truncate through a handle): a SETATTR size on
             // a directory node reaches the Pacific MDS, which takes it, logs "unmatched rstat"
-            // and later died of SIGFPE in Filer::truncate; tests/hostile_wire.rs checks the
+            // and later died of SIGFPE in Filer::truncate; tests/hostile/wire.rs checks the
             // daemon refuses it, on a private cluster.
             let mut valid = r.u32() & 0x1ff;
             if valid & (1 << 6) == 0 {

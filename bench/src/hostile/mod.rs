@@ -3,11 +3,11 @@
 //! guest driver could build, and an escape oracle on a second libcephfs client.
 //!
 //! - `hostile serve`: a line protocol on stdin/stdout (see `serve.rs`) for scripted attacks
-//!   (tests/hostile_wire.rs drives it).
+//!   (tests/hostile/wire.rs drives it).
 //! - `hostile fuzz`: generated requests and chains, many in flight, every answer judged (see
-//!   `fuzz.rs`; tests/hostile_fuzz.rs runs it short, bench/README.md gives the long run).
+//!   `fuzz.rs`; tests/hostile/fuzz.rs runs it short, bench/README.md gives the long run).
 //! - `hostile states`: generated device states sent as a hostile frontend (LOAD), and what the
-//!   daemon serves from each judged (see `states.rs`; tests/hostile_fuzz.rs runs it short,
+//!   daemon serves from each judged (see `states.rs`; tests/hostile/fuzz.rs runs it short,
 //!   bench/README.md gives the long run).
 
 mod device;
