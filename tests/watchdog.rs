@@ -11,13 +11,11 @@
 
 mod common;
 
-use std::ffi::CString;
 use std::time::{Duration, Instant};
 
-use ceph_client::{UserPerm, CEPH_STATX_BASIC_STATS};
 use common::{
-    ceph_dir as dir, ceph_exists as exists, metric_value as value, run_guest,
-    scrape_metrics as scrape, Daemon, Lab,
+    ceph_dir as dir, ceph_exists as exists, hold_write_lock, metric_value as value, run_guest,
+    scrape_metrics as scrape, whole_file, Daemon, Lab,
 };
 
 const STUCK: &str = "ceph_virtiofsd_fuse_requests_stuck";
@@ -53,29 +51,9 @@ fn a_request_stuck_in_a_lock_wait_is_reported_counted_and_cleared() {
     let metrics_socket = work.join("metrics.sock");
 
     // Another client holds a write lock on the whole file.
+    let held = hold_write_lock(&lab, &export, "lk");
     let m = lab.ceph();
     let d = dir(&m, &export);
-    let perm = UserPerm::root();
-    let lk = CString::new("lk").unwrap();
-    let (_, _, held) = m
-        .create(
-            &d,
-            &lk,
-            0o666,
-            libc::O_RDWR | libc::O_CREAT,
-            CEPH_STATX_BASIC_STATS,
-            0,
-            &perm,
-        )
-        .unwrap();
-    let whole = libc::flock {
-        l_type: libc::F_WRLCK as i16,
-        l_whence: libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    held.setlk(&whole, 1, false).unwrap();
 
     let daemon = Daemon::start(
         &lab,
@@ -165,11 +143,7 @@ fn a_request_stuck_in_a_lock_wait_is_reported_counted_and_cleared() {
     assert_eq!(value(&text, SLOW_SETLKW), Some(1.0), "counted once\n{text}");
 
     // Release: the guest gets its lock, the request completes, the gauge returns to 0.
-    let unlock = libc::flock {
-        l_type: libc::F_UNLCK as i16,
-        ..whole
-    };
-    held.setlk(&unlock, 1, false).unwrap();
+    held.setlk(&whole_file(libc::F_UNLCK), 1, false).unwrap();
     wait_for(
         &daemon,
         Duration::from_secs(300),

@@ -620,6 +620,40 @@ pub fn ceph_touch(lab: &Lab, dir: &str, name: &str) {
     .unwrap_or_else(|e| panic!("create {dir}/{name}: {e}"));
 }
 
+/// A POSIX lock request of type `t` (`F_WRLCK`, `F_UNLCK`, ...) on a whole file.
+pub fn whole_file(t: i32) -> libc::flock {
+    libc::flock {
+        l_type: t as i16,
+        l_whence: libc::SEEK_SET as i16,
+        l_start: 0,
+        l_len: 0,
+        l_pid: 0,
+    }
+}
+
+/// Another client's write lock on the whole of file `name` in `dir` (created if missing),
+/// taken through a test's own CephFS client: a guest's lock request on the file waits until
+/// the returned handle unlocks it or is dropped.
+pub fn hold_write_lock(lab: &Lab, dir: &str, name: &str) -> ceph_client::File {
+    let m = lab.ceph();
+    let d = ceph_dir(&m, dir);
+    let n = CString::new(name).unwrap();
+    let (_, _, held) = m
+        .create(
+            &d,
+            &n,
+            0o666,
+            libc::O_RDWR | libc::O_CREAT,
+            CEPH_STATX_BASIC_STATS,
+            0,
+            &UserPerm::root(),
+        )
+        .unwrap_or_else(|e| panic!("create {dir}/{name}: {e}"));
+    held.setlk(&whole_file(libc::F_WRLCK), 1, false)
+        .unwrap_or_else(|e| panic!("write-lock {dir}/{name}: {e}"));
+    held
+}
+
 /// The whole content of `name` in `parent`, read through a test's own CephFS client.
 pub fn ceph_read_all(m: &Mount, parent: &ceph_client::Inode, name: &str) -> Vec<u8> {
     let (ino, size) = ceph_lookup(m, parent, name).unwrap_or_else(|| panic!("no {name}"));

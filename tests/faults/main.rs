@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use ceph_client::{Inode, Mount, UserPerm, CEPH_STATX_BASIC_STATS};
 use common::{
-    ceph_dir as dir, ceph_exists as exists, ceph_read_all as read_all, run_guest, Daemon, Lab,
+    ceph_dir as dir, ceph_exists as exists, ceph_read_all as read_all, hold_write_lock, run_guest,
+    whole_file, Daemon, Lab,
 };
 
 fn cluster_dir() -> PathBuf {
@@ -213,29 +214,9 @@ fn stop_with_a_request_blocked_in_a_lock_wait_does_not_hang() {
     let export = lab.export_dir(&name);
     let work = lab.scratch(&name);
     // Another client holds a write lock on the whole file.
+    let held = hold_write_lock(&lab, &export, "lk");
     let m = lab.ceph();
     let d = dir(&m, &export);
-    let perm = UserPerm::root();
-    let lk = CString::new("lk").unwrap();
-    let (_, _, held) = m
-        .create(
-            &d,
-            &lk,
-            0o666,
-            libc::O_RDWR | libc::O_CREAT,
-            CEPH_STATX_BASIC_STATS,
-            0,
-            &perm,
-        )
-        .unwrap();
-    let whole = libc::flock {
-        l_type: libc::F_WRLCK as i16,
-        l_whence: libc::SEEK_SET as i16,
-        l_start: 0,
-        l_len: 0,
-        l_pid: 0,
-    };
-    held.setlk(&whole, 1, false).unwrap();
 
     let daemon = Daemon::start(&lab, &work, &export, &[]);
     let pid = daemon.pid();
@@ -266,11 +247,7 @@ fn stop_with_a_request_blocked_in_a_lock_wait_does_not_hang() {
     assert_eq!(status.code(), Some(1), "daemon exit: {status}\n{log}");
     assert!(log.contains("still blocked"), "{log}");
     assert!(!log.contains("CephFS unmounted"), "{log}");
-    let unlock = libc::flock {
-        l_type: libc::F_UNLCK as i16,
-        ..whole
-    };
-    held.setlk(&unlock, 1, false).unwrap();
+    held.setlk(&whole_file(libc::F_UNLCK), 1, false).unwrap();
 }
 
 /// A directory quota (`ceph.quota.max_bytes`) that a guest's writes run into: the guest sees
