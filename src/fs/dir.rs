@@ -227,6 +227,50 @@ impl CephFs {
         }
     }
 
+    /// READDIRPLUS's entry for `name` (with `statx`, and libcephfs's `inode` when it gave
+    /// one), listed in directory `node`, and the node it took (whose lookup count the guest
+    /// now holds), if any.
+    fn plus_entry(
+        &self,
+        node: &Arc<Node>,
+        name: &[u8],
+        statx: &ceph_client::Statx,
+        inode: Option<ceph_client::Inode>,
+        dot: bool,
+    ) -> (Option<Entry>, Option<u64>) {
+        // A denied domain root is listed, but gets no node (its lookup will be refused).
+        let denied = !dot
+            && self
+                .cfg
+                .quarantine
+                .as_ref()
+                .is_some_and(|g| g.denied(self.child_domain(node, statx).0));
+        let bare = Entry {
+            inode: 0,
+            generation: 0,
+            attr: to_stat(statx, &self.cfg.idmap),
+            attr_flags: 0,
+            attr_timeout: Duration::ZERO,
+            entry_timeout: Duration::ZERO,
+        };
+        match (dot || denied, inode) {
+            // "." and ".." carry no node: the kernel does not instantiate them, and ".." of
+            // the export root lies outside the export.
+            (true, _) | (false, None) => (Some(bare), None),
+            (false, Some(inode)) => {
+                match self.child_entry(node, name, inode, statx, "readdirplus", None) {
+                    Ok(e) => {
+                        let id = e.inode;
+                        (Some(e), Some(id))
+                    }
+                    // Not a child of this directory, or at the node limit: listed without a
+                    // node (the guest looks the name up when it needs it).
+                    Err(_) => (Some(bare), None),
+                }
+            }
+        }
+    }
+
     /// The entries of one READDIR(PLUS) reply. An error says whether it came from `add` (the
     /// reply itself failed: `true`) or from libcephfs.
     fn fill_dir(
@@ -268,46 +312,10 @@ impl CephFs {
                 type_: u32::from(de.d_type),
                 name: &de.name[..],
             };
-            let mut took = None;
-            // A denied domain root is listed, but gets no node (its lookup will be refused).
-            let denied = plus
-                && !dot
-                && self
-                    .cfg
-                    .quarantine
-                    .as_ref()
-                    .is_some_and(|g| g.denied(self.child_domain(node, &de.statx).0));
-            let bare = Entry {
-                inode: 0,
-                generation: 0,
-                attr: to_stat(&de.statx, &self.cfg.idmap),
-                attr_flags: 0,
-                attr_timeout: Duration::ZERO,
-                entry_timeout: Duration::ZERO,
-            };
-            let entry = match (plus, dot || denied, de.inode) {
-                (false, _, _) => None,
-                // "." and ".." carry no node: the kernel does not instantiate them, and ".." of
-                // the export root lies outside the export.
-                (true, true, _) | (true, false, None) => Some(bare),
-                (true, false, Some(inode)) => {
-                    match self.child_entry(
-                        node,
-                        &de.name[..],
-                        inode,
-                        &de.statx,
-                        "readdirplus",
-                        None,
-                    ) {
-                        Ok(e) => {
-                            took = Some(e.inode);
-                            Some(e)
-                        }
-                        // Not a child of this directory, or at the node limit: listed without
-                        // a node (the guest looks the name up when it needs it).
-                        Err(_) => Some(bare),
-                    }
-                }
+            let (entry, took) = if plus {
+                self.plus_entry(node, &de.name[..], &de.statx, de.inode, dot)
+            } else {
+                (None, None)
             };
             match add(dirent, entry) {
                 Ok(0) => {
