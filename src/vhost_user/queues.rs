@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, warn};
 use vhost_user_backend::VringT;
 use virtio_queue::QueueT;
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryMmap};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryMmap};
 
 use super::chain::{self, Request};
 use super::cost::ServeCost;
@@ -358,24 +358,19 @@ where
     /// per request (the guest's kick and our wake-up). Reads the avail index lock-free, so
     /// workers returning chains are not held up, and yields the CPU between rounds of reads.
     pub(super) fn poll_avail(&self, vring: &Vring, mem: &GuestMem, window: Duration) -> bool {
-        let (ring, next) = {
-            let state = vring.get_ref();
-            let q = state.get_queue();
-            (q.avail_ring(), q.next_avail())
-        };
         let guard = mem.memory();
-        // Translated once for the whole spin.
-        let Some(idx) = split::avail_idx_of(&guard, ring) else {
+        // Translated once for the whole spin; the ring's lock is held only to begin.
+        let Some(watch) = split::AvailWatch::new(vring.get_ref().get_queue(), &guard) else {
             return false;
         };
         spin_until(window, LOOKS_PER_CLOCK_READ, || {
             if self.inner.closed.load(Ordering::Relaxed) {
                 return Look::GiveUp;
             }
-            match idx.load::<u16>(0, Ordering::Acquire) {
-                Ok(idx) if u16::from_le(idx) != next => Look::Ready,
-                Ok(_) => Look::NotYet,
-                Err(_) => Look::GiveUp,
+            match watch.moved() {
+                Some(true) => Look::Ready,
+                Some(false) => Look::NotYet,
+                None => Look::GiveUp,
             }
         })
     }
@@ -385,16 +380,10 @@ where
 /// `poll_avail` does).
 #[cfg(libcephfs_nonblocking)]
 pub(super) fn more_avail(vring: &Vring, mem: &GuestMem) -> bool {
-    let (ring, next) = {
-        let state = vring.get_ref();
-        let q = state.get_queue();
-        (q.avail_ring(), q.next_avail())
-    };
     let guard = mem.memory();
-    split::avail_idx_of(&guard, ring).is_some_and(|idx| {
-        idx.load::<u16>(0, Ordering::Acquire)
-            .is_ok_and(|idx| u16::from_le(idx) != next)
-    })
+    split::AvailWatch::new(vring.get_ref().get_queue(), &guard)
+        .and_then(|w| w.moved())
+        .unwrap_or(false)
 }
 
 /// The rescuer thread (see `rescue`): while requests are served inline, look every

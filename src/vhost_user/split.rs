@@ -130,14 +130,29 @@ fn fast_add_used(q: &mut Queue, mem: &Mem, head: u16, len: u32) -> Option<bool> 
     Some(new - used_event - Wrapping(1) < Wrapping(1))
 }
 
-/// A lock-free look at the avail ring's index (`poll_avail`): its address, when the ring's
-/// idx lies in guest memory.
-pub(super) fn avail_idx_of(
-    mem: &Mem,
-    avail_ring: u64,
-) -> Option<vm_memory::volatile_memory::VolatileSlice<'_, vm_memory::bitmap::MS<'_, Mem>>> {
-    let at = GuestAddress(avail_ring).checked_add(2)?;
-    mem.get_slice(at, 2).ok()
+/// A lock-free watch on the avail ring's index (`poll_avail`, `more_avail`): the idx field
+/// translated once, and the index the queue pops next when the watch began.
+pub(super) struct AvailWatch<'m> {
+    idx: vm_memory::volatile_memory::VolatileSlice<'m, vm_memory::bitmap::MS<'m, Mem>>,
+    next: u16,
+}
+
+impl<'m> AvailWatch<'m> {
+    /// `None` when the ring's idx does not lie in guest memory.
+    pub(super) fn new(q: &Queue, mem: &'m Mem) -> Option<Self> {
+        let at = GuestAddress(q.avail_ring()).checked_add(2)?;
+        let idx = mem.get_slice(at, 2).ok()?;
+        Some(AvailWatch {
+            idx,
+            next: q.next_avail(),
+        })
+    }
+
+    /// Whether the guest has made a request since; `None` when the idx cannot be read.
+    pub(super) fn moved(&self) -> Option<bool> {
+        let idx = self.idx.load::<u16>(0, Ordering::Acquire).ok()?;
+        Some(u16::from_le(idx) != self.next)
+    }
 }
 
 #[cfg(test)]
