@@ -12,7 +12,9 @@
 //! - `session`: requests in flight, pauses, the stop, the end of a frontend's session;
 //! - `transfer`: the migration device state (SET_DEVICE_STATE_FD, CHECK_DEVICE_STATE);
 //! - `pool`, `cost`, `rescue`, `nonblocking`: the worker pool, what each opcode has been
-//!   costing, the watch on requests served inline, the async READ/WRITE path.
+//!   costing, the watch on requests served inline, the async READ/WRITE path;
+//! - `hiprio`: who turns the hiprio queue's notifications back on while request-queue threads
+//!   serve it.
 //!
 //! Queue 0 is the hiprio queue (FORGET, INTERRUPT), queues 1..=N carry requests. Each queue has
 //! its own vhost-user epoll thread (`queues_per_thread`). Request chains are popped there and
@@ -25,7 +27,8 @@
 //! no hand-off. Should one served inline turn out slow (the MDS stalled), the rescuer thread
 //! hands the requests queued behind it to the workers after a few milliseconds (`rescue`).
 //! After a drain the queue thread polls the ring before it sleeps, with guest notifications
-//! off, for an adaptive window of at most `--poll-us` (`crate::poll`). In builds against
+//! off, for an adaptive window of at most `--poll-us` (`crate::poll`), and serves the hiprio
+//! ring's FORGETs meanwhile, which then need no kick (`hiprio`). In builds against
 //! libcephfs 20, READ and WRITE of O_DIRECT handles with other requests in flight are sent from
 //! the queue thread without a thread waiting for them and answered by a completion thread
 //! (`nonblocking`, `--nonblocking-io`).
@@ -49,6 +52,7 @@ mod chain;
 mod cost;
 mod deadline;
 mod device;
+mod hiprio;
 #[cfg(libcephfs_nonblocking)]
 mod nonblocking;
 mod pool;
@@ -137,6 +141,8 @@ struct Inner<F: FileSystem + Send + Sync> {
     cost: Arc<ServeCost>,
     /// Which queue threads serve a request themselves, and since when (see `rescue`).
     watch: InlineWatch,
+    /// The request-queue threads that also watch the hiprio ring (see `hiprio`).
+    hiprio: hiprio::Watchers,
     config_space: Option<[u8; VIRTIO_FS_CONFIG_LEN]>,
     request_queues: u16,
     /// Each queue's polling window and when its thread last went to sleep.
@@ -207,6 +213,7 @@ where
                 waits_pool,
                 cost: Arc::default(),
                 watch: InlineWatch::new(usize::from(q) + 1),
+                hiprio: hiprio::Watchers::default(),
                 config_space: options.tag.as_deref().map(|t| device::config_space(t, q)),
                 request_queues: q,
                 polls: (0..=usize::from(q))

@@ -19,7 +19,7 @@ use super::pool::WorkerPool;
 use super::session::InFlightGuard;
 use super::split;
 use super::{
-    rescue, GuestBitmap, GuestMem, Inner, MemGuard, VhostUserFsBackend, Vring, HIPRIO_QUEUE,
+    hiprio, rescue, GuestBitmap, GuestMem, Inner, MemGuard, VhostUserFsBackend, Vring, HIPRIO_QUEUE,
 };
 use crate::metrics;
 use crate::poll::{spin_until, AdaptivePoll, Look, LOOKS_PER_CLOCK_READ};
@@ -297,6 +297,13 @@ where
         if let Some(at) = state.slept_at.take() {
             state.window.slept(at.elapsed());
         }
+        // A request queue's thread watches the hiprio ring too from its first spin until it
+        // sleeps (`hiprio`).
+        let mut hiprio: Option<HiprioWatch<'_, F>> = None;
+        // Only with a rescuer: it serves the hiprio ring should a watcher be held by a slow
+        // request.
+        let watches = queue != HIPRIO_QUEUE && self.inner.watch.has_rescuer();
+        let mut hiprio_tried = !watches;
         loop {
             // Through the queue with one load of the memory map: `VringT`'s methods load it
             // anew for each call.
@@ -311,11 +318,25 @@ where
                 // with notifications off; `reopen` drains it if serving goes on.
                 return Ok(());
             }
+            if queue == HIPRIO_QUEUE && self.inner.hiprio.any() {
+                // A request queue's thread watches this ring and turns its notifications on
+                // when it stops (`hiprio`): left off, the guest's FORGETs need no kick.
+                return Ok(());
+            }
             let spin_start = Instant::now();
             let window = state.window.window();
-            if !window.is_zero() && self.poll_avail(vring, &mem, window) {
-                continue;
+            if !window.is_zero() {
+                if !hiprio_tried {
+                    hiprio_tried = true;
+                    hiprio = self.watch_hiprio(&mem);
+                }
+                if self.poll_avail(vring, &mem, window, hiprio.as_mut()) {
+                    continue;
+                }
             }
+            // To sleep: the hiprio ring is its own thread's again.
+            drop(hiprio.take());
+            hiprio_tried = !watches;
             let more = vring
                 .get_mut()
                 .get_queue_mut()
@@ -357,22 +378,151 @@ where
     /// without waking this thread from epoll: on a busy queue that saves two cross-CPU wake-ups
     /// per request (the guest's kick and our wake-up). Reads the avail index lock-free, so
     /// workers returning chains are not held up, and yields the CPU between rounds of reads.
-    pub(super) fn poll_avail(&self, vring: &Vring, mem: &GuestMem, window: Duration) -> bool {
-        let guard = mem.memory();
-        // Translated once for the whole spin; the ring's lock is held only to begin.
-        let Some(watch) = split::AvailWatch::new(vring.get_ref().get_queue(), &guard) else {
-            return false;
-        };
-        spin_until(window, LOOKS_PER_CLOCK_READ, || {
-            if self.inner.closed.load(Ordering::Relaxed) {
-                return Look::GiveUp;
+    ///
+    /// With `hiprio`, the hiprio ring is watched too, and what comes there is served here
+    /// (`hiprio`) before the spin goes on.
+    pub(super) fn poll_avail(
+        &self,
+        vring: &Vring,
+        mem: &GuestMem,
+        window: Duration,
+        mut hiprio: Option<&mut HiprioWatch<'_, F>>,
+    ) -> bool {
+        loop {
+            let guard = mem.memory();
+            // Translated once for the whole spin; the ring's lock is held only to begin.
+            let Some(watch) = split::AvailWatch::new(vring.get_ref().get_queue(), &guard) else {
+                return false;
+            };
+            let other = hiprio.as_ref().and_then(|h| h.mark.watch(&guard));
+            let mut to_hiprio = false;
+            let ready = spin_until(window, LOOKS_PER_CLOCK_READ, || {
+                if self.inner.closed.load(Ordering::Relaxed) {
+                    return Look::GiveUp;
+                }
+                match watch.moved() {
+                    Some(true) => return Look::Ready,
+                    Some(false) => {}
+                    None => return Look::GiveUp,
+                }
+                if other.as_ref().and_then(|w| w.moved()) == Some(true) {
+                    to_hiprio = true;
+                    return Look::Ready;
+                }
+                Look::NotYet
+            });
+            match hiprio.as_deref_mut() {
+                Some(h) if ready && to_hiprio => {
+                    drop(guard);
+                    self.drain_queue(&h.vring, mem, HIPRIO_QUEUE);
+                    h.mark = hiprio::Mark::of(&h.vring);
+                }
+                _ => return ready,
             }
-            match watch.moved() {
-                Some(true) => Look::Ready,
-                Some(false) => Look::NotYet,
-                None => Look::GiveUp,
-            }
+        }
+    }
+
+    /// Start watching the hiprio ring (`hiprio`); `None` before its first kick of this
+    /// connection brought its vring, or with the queues closed.
+    fn watch_hiprio(&self, mem: &GuestMem) -> Option<HiprioWatch<'_, F>> {
+        let vring = self
+            .inner
+            .vrings
+            .get(HIPRIO_QUEUE)?
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()?;
+        self.inner.hiprio.enter();
+        // After the count: a request the hiprio thread leaves behind from now on is seen
+        // here or served at the end of the watch.
+        let mark = hiprio::Mark::of(&vring);
+        Some(HiprioWatch {
+            backend: self,
+            vring,
+            mem: mem.clone(),
+            mark,
         })
+    }
+
+    /// Turn the hiprio queue's notifications back on after the last watcher left, and serve
+    /// what came before they were on (unless a new watcher will). Nothing while the queues
+    /// are closed: `reopen` drains every ring and turns them on.
+    fn rearm_hiprio(&self, vring: &Vring, mem: &GuestMem) {
+        loop {
+            if self.inner.closed.load(Ordering::Acquire) {
+                return;
+            }
+            let more = {
+                let mut state = vring.get_mut();
+                // A stopped ring is not written to; its next start begins with them on.
+                if vring.running().is_none() {
+                    return;
+                }
+                state.get_queue_mut().enable_notification(&*mem.memory())
+            };
+            match more {
+                Ok(false) => return,
+                Ok(true) => {}
+                Err(e) => {
+                    warn!(error = %e, "Cannot turn the hiprio queue's notifications back on");
+                    return;
+                }
+            }
+            if self.inner.hiprio.any() {
+                return;
+            }
+            self.drain_queue(vring, mem, HIPRIO_QUEUE);
+        }
+    }
+
+    /// Serve the hiprio ring when a request queue's thread watches it but is held by a slow
+    /// request (the rescuer, see `hiprio`).
+    pub(super) fn rescue_hiprio(&self) {
+        if !self.inner.hiprio.any() || self.inner.logging.load(Ordering::Acquire) {
+            return;
+        }
+        let vring = self
+            .inner
+            .vrings
+            .get(HIPRIO_QUEUE)
+            .and_then(|v| v.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        let mem = self
+            .inner
+            .mem
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let (Some(vring), Some(mem)) = (vring, mem) {
+            self.drain_queue(&vring, &mem, HIPRIO_QUEUE);
+            // The rule of every hiprio popper: the watcher may have left meanwhile.
+            if !self.inner.hiprio.any() {
+                self.rearm_hiprio(&vring, &mem);
+            }
+        }
+    }
+}
+
+/// A request queue's thread watching the hiprio ring (`hiprio`): the last to drop its watch
+/// turns the hiprio queue's notifications back on.
+pub(super) struct HiprioWatch<'b, F>
+where
+    F: Servable + 'static,
+{
+    backend: &'b VhostUserFsBackend<F>,
+    vring: Vring,
+    mem: GuestMem,
+    /// Where the ring stood at the last look under its lock.
+    mark: hiprio::Mark,
+}
+
+impl<F> Drop for HiprioWatch<'_, F>
+where
+    F: Servable + 'static,
+{
+    fn drop(&mut self) {
+        if self.backend.inner.hiprio.leave() && !std::thread::panicking() {
+            self.backend.rearm_hiprio(&self.vring, &self.mem);
+        }
     }
 }
 
@@ -406,8 +556,12 @@ where
             continue;
         }
         seen = begun;
-        for queue in backend.inner.watch.overdue(rescue::LIMIT) {
+        let overdue = backend.inner.watch.overdue(rescue::LIMIT);
+        for &queue in &overdue {
             backend.rescue(queue);
+        }
+        if !overdue.is_empty() {
+            backend.rescue_hiprio();
         }
         drop(backend);
         std::thread::sleep(rescue::TICK);

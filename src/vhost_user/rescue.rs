@@ -98,6 +98,11 @@ impl InlineWatch {
         InlineGuard { slot }
     }
 
+    /// Whether a rescuer thread runs.
+    pub(super) fn has_rescuer(&self) -> bool {
+        self.rescuer.get().is_some()
+    }
+
     /// Inline requests begun so far.
     pub(super) fn begun(&self) -> u64 {
         self.begun.load(Ordering::SeqCst)

@@ -140,12 +140,13 @@ pub(super) struct AvailWatch<'m> {
 impl<'m> AvailWatch<'m> {
     /// `None` when the ring's idx does not lie in guest memory.
     pub(super) fn new(q: &Queue, mem: &'m Mem) -> Option<Self> {
-        let at = GuestAddress(q.avail_ring()).checked_add(2)?;
-        let idx = mem.get_slice(at, 2).ok()?;
-        Some(AvailWatch {
-            idx,
-            next: q.next_avail(),
-        })
+        Self::at(GuestAddress(q.avail_ring()), q.next_avail(), mem)
+    }
+
+    /// The avail ring at `avail_ring`, whose next entry not popped is `next`.
+    pub(super) fn at(avail_ring: GuestAddress, next: u16, mem: &'m Mem) -> Option<Self> {
+        let idx = mem.get_slice(avail_ring.checked_add(2)?, 2).ok()?;
+        Some(AvailWatch { idx, next })
     }
 
     /// Whether the guest has made a request since; `None` when the idx cannot be read.

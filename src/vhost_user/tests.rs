@@ -67,6 +67,8 @@ pub(crate) struct TestFs {
     handles: Handles,
     /// How often the session was ended (DESTROY, or the end of a frontend's connection).
     pub(crate) destroyed: AtomicUsize,
+    /// The lookup counts FORGET and BATCH_FORGET dropped, summed.
+    forgotten: std::sync::atomic::AtomicU64,
     /// READ and WRITE of [`nonblocking::ASYNC_FH`] on the async path, answered when the
     /// test lets them.
     #[cfg(libcephfs_nonblocking)]
@@ -303,6 +305,16 @@ impl FileSystem for TestFs {
         _fuse_flags: u32,
     ) -> io::Result<usize> {
         nonblocking::blocking_write(handle, r, size, offset)
+    }
+
+    fn forget(&self, _ctx: &Context, _inode: u64, count: u64) {
+        self.forgotten.fetch_add(count, AtomicOrdering::SeqCst);
+    }
+
+    fn batch_forget(&self, _ctx: &Context, requests: Vec<(u64, u64)>) {
+        for (_, count) in requests {
+            self.forgotten.fetch_add(count, AtomicOrdering::SeqCst);
+        }
     }
 
     fn destroy(&self) {
@@ -2157,6 +2169,8 @@ fn paused_queues_serve_after_the_last_reopen_and_never_after_the_stop() {
 
 #[cfg(libcephfs_nonblocking)]
 mod nonblocking;
+
+mod hiprio;
 
 /// A guest reboots while a SETLKW of its previous boot waits: the frontend stops the ring
 /// (GET_VRING_BASE), starts it again over the same memory, and the new driver posts a GETATTR
