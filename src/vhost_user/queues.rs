@@ -50,12 +50,13 @@ where
     /// worker they would only add a hand-off before taking libcephfs's client lock. The rest
     /// go to the pool, except the last of the batch, served right here too: a lone request (a
     /// path walk, a create) then costs no hand-off and no wake-up, while a burst of requests
-    /// that wait for the MDS still spreads over the workers.
-    pub(super) fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+    /// that wait for the MDS still spreads over the workers. Returns how many were popped.
+    pub(super) fn drain_queue(&self, vring: &Vring, mem: &GuestMem, queue: usize) -> usize {
         if self.inner.logging.load(Ordering::Acquire) {
             return self.drain_queue_locked(vring, mem, queue);
         }
         let mut last: Option<Pending> = None;
+        let mut popped = 0;
         loop {
             if self.inner.closed.load(Ordering::Acquire) {
                 break;
@@ -65,6 +66,7 @@ where
             let Some(pending) = self.pop(vring, mem.memory(), queue) else {
                 break;
             };
+            popped += 1;
             // Sending may wait (caps from the MDS, a privilege kill, the size under the caps):
             // watched as a request served inline, so the rescuer hands what queues behind it
             // to the workers. A request alone (none other in flight, none behind it in the
@@ -116,6 +118,7 @@ where
         if let Some(p) = last {
             self.serve(p, vring, queue);
         }
+        popped
     }
 
     /// [`Self::drain_queue`] during a migration: each request is served from pop to used with
@@ -125,8 +128,9 @@ where
     /// used index, and the guest would wait for it forever. Holding the lock makes the stop wait
     /// for the request in hand (the guest is paused by then, so no more come). SETLKW, which may
     /// wait for the guest's own unlock, still goes to a worker.
-    pub(super) fn drain_queue_locked(&self, vring: &Vring, mem: &GuestMem, queue: usize) {
+    pub(super) fn drain_queue_locked(&self, vring: &Vring, mem: &GuestMem, queue: usize) -> usize {
         let guard = mem.memory();
+        let mut popped = 0;
         loop {
             if self.inner.closed.load(Ordering::Acquire) {
                 break;
@@ -135,6 +139,7 @@ where
             let Some((request, generation)) = pop_request(vring, &mut state, &guard) else {
                 break;
             };
+            popped += 1;
             let pending = Pending {
                 // Served under the ring's lock: never answered early.
                 claim: None,
@@ -162,6 +167,7 @@ where
                 queue,
             );
         }
+        popped
     }
 
     /// Pop the next available chain and read its descriptors and in-header (`chain::walk`).
@@ -304,6 +310,9 @@ where
         // request.
         let watches = queue != HIPRIO_QUEUE && self.inner.watch.has_rescuer();
         let mut hiprio_tried = !watches;
+        // The ring said it holds requests we have not taken (the spin, or the re-check when
+        // turning notifications on).
+        let mut said_more = false;
         loop {
             // Through the queue with one load of the memory map: `VringT`'s methods load it
             // anew for each call.
@@ -312,10 +321,21 @@ where
                 .get_queue_mut()
                 .disable_notification(&*mem.memory())
                 .map_err(queue_error)?;
-            self.drain_queue(vring, &mem, queue);
+            let popped = self.drain_queue(vring, &mem, queue);
             if self.inner.closed.load(Ordering::Acquire) {
                 // Closed (a stop, or a handover under way): what is left stays in the ring
                 // with notifications off; `reopen` drains it if serving goes on.
+                return Ok(());
+            }
+            if popped == 0 && said_more && stuck(vring, &mem) {
+                // Requests no pop can take: a ring the frontend stopped (its restart starts
+                // afresh), or an avail index further ahead than the ring holds (a broken or
+                // hostile driver, refused by `split`). Asked again, the ring would say the
+                // same for ever: sleep until the next kick.
+                debug!(
+                    queue,
+                    "The ring shows requests that cannot be taken; sleeping"
+                );
                 return Ok(());
             }
             if queue == HIPRIO_QUEUE && self.inner.hiprio.any() {
@@ -331,6 +351,7 @@ where
                     hiprio = self.watch_hiprio(&mem);
                 }
                 if self.poll_avail(vring, &mem, window, hiprio.as_mut()) {
+                    said_more = true;
                     continue;
                 }
             }
@@ -349,6 +370,7 @@ where
             // A request came just after the spin gave up: a slightly longer one would have
             // caught it.
             state.window.slept(spin_start.elapsed());
+            said_more = true;
         }
     }
 
@@ -394,7 +416,10 @@ where
             let Some(watch) = split::AvailWatch::new(vring.get_ref().get_queue(), &guard) else {
                 return false;
             };
-            let other = hiprio.as_ref().and_then(|h| h.mark.watch(&guard));
+            let other = hiprio
+                .as_ref()
+                .filter(|h| !h.stuck)
+                .and_then(|h| h.mark.watch(&guard));
             let mut to_hiprio = false;
             let ready = spin_until(window, LOOKS_PER_CLOCK_READ, || {
                 if self.inner.closed.load(Ordering::Relaxed) {
@@ -414,7 +439,11 @@ where
             match hiprio.as_deref_mut() {
                 Some(h) if ready && to_hiprio => {
                     drop(guard);
-                    self.drain_queue(&h.vring, mem, HIPRIO_QUEUE);
+                    if self.drain_queue(&h.vring, mem, HIPRIO_QUEUE) == 0 {
+                        // Nothing taken: another thread was first, or nothing can be taken
+                        // (see `stuck`); then the ring is not watched until this spin ends.
+                        h.stuck = stuck(&h.vring, mem);
+                    }
                     h.mark = hiprio::Mark::of(&h.vring);
                 }
                 _ => return ready,
@@ -441,6 +470,7 @@ where
             vring,
             mem: mem.clone(),
             mark,
+            stuck: false,
         })
     }
 
@@ -471,7 +501,11 @@ where
             if self.inner.hiprio.any() {
                 return;
             }
-            self.drain_queue(vring, mem, HIPRIO_QUEUE);
+            // Nothing taken: another thread took them (and follows the rule itself), or nothing
+            // can be taken (see `stuck`).
+            if self.drain_queue(vring, mem, HIPRIO_QUEUE) == 0 {
+                return;
+            }
         }
     }
 
@@ -513,6 +547,8 @@ where
     mem: GuestMem,
     /// Where the ring stood at the last look under its lock.
     mark: hiprio::Mark,
+    /// The ring shows requests no pop can take (see `stuck`): not watched until the spin ends.
+    stuck: bool,
 }
 
 impl<F> Drop for HiprioWatch<'_, F>
@@ -523,6 +559,21 @@ where
         if self.backend.inner.hiprio.leave() && !std::thread::panicking() {
             self.backend.rearm_hiprio(&self.vring, &self.mem);
         }
+    }
+}
+
+/// Whether `vring` shows requests no pop can take: the frontend stopped it, or its avail index
+/// is further ahead of the requests taken than the ring holds (a broken or hostile driver;
+/// `split` and virtio-queue refuse such a ring), or the index cannot be read.
+fn stuck(vring: &Vring, mem: &GuestMem) -> bool {
+    let state = vring.get_ref();
+    if vring.running().is_none() {
+        return true;
+    }
+    let q = state.get_queue();
+    match q.avail_idx(&*mem.memory(), Ordering::Acquire) {
+        Ok(idx) => idx.0.wrapping_sub(q.next_avail()) > q.size(),
+        Err(_) => true,
     }
 }
 

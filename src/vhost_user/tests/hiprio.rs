@@ -261,7 +261,11 @@ fn forgets_made_while_a_request_queue_polls_need_no_kick() {
         assert!(!backend.inner.hiprio.any());
         // Asleep: the next FORGET asks for a kick again.
         if event_idx {
-            assert_eq!(hi.avail_event(), hi.published, "avail_event after the watch");
+            assert_eq!(
+                hi.avail_event(),
+                hi.published,
+                "avail_event after the watch"
+            );
         } else {
             assert_eq!(hi.used_flags(), 0, "VRING_USED_F_NO_NOTIFY after the watch");
         }
@@ -505,7 +509,10 @@ fn random_schedule(seed: u64) {
         until(&format!("{setting}: both epoll threads asleep"), || {
             busy.load(Ordering::SeqCst) == 0
         });
-        assert!(!backend.inner.hiprio.any(), "{setting}: a watcher left over");
+        assert!(
+            !backend.inner.hiprio.any(),
+            "{setting}: a watcher left over"
+        );
         unique += 1;
         hi.publish(&forget(unique));
         forgets += 1;
@@ -524,4 +531,58 @@ fn random_schedule(seed: u64) {
         forgets,
         "{setting}: each FORGET reaches the filesystem once"
     );
+}
+
+/// Run `f` on a thread of its own; false if it has not returned within `limit` (the thread
+/// is left behind: it holds nothing the other tests need).
+fn returns_within(limit: Duration, f: impl FnOnce() + Send + 'static) -> bool {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        f();
+        let _ = tx.send(());
+    });
+    rx.recv_timeout(limit).is_ok()
+}
+
+/// A guest that claims more new requests than its ring holds (an avail index `QSIZE + 5`
+/// ahead) gets none of them served, and neither the queue's thread nor a polling thread
+/// watching the hiprio ring keeps spinning on it: each goes to sleep.
+#[test]
+fn hostile_avail_index_past_the_ring_holds_no_thread() {
+    for (queue, threads) in [(1, 0), (1, 2), (HIPRIO_QUEUE, 0), (HIPRIO_QUEUE, 2)] {
+        let gm: &'static _ = Box::leak(Box::new(memory()));
+        let (gm, mem) = (&*gm.0, gm.1.clone());
+        let mut rq = Ring::new(gm, REQUEST_RING, true, true);
+        let mut hi = Ring::new(gm, HIPRIO_RING, false, true);
+        let (rv, hv) = (rq.vring(&mem), hi.vring(&mem));
+        let (backend, _fs) = polling(threads, Duration::from_millis(300));
+        backend
+            .update_memory(mem.clone())
+            .unwrap_or_else(|e| panic!("{e}"));
+        hi.publish(&forget(1));
+        kick(&backend, &hv, HIPRIO_QUEUE);
+        rq.publish(&init_request(2));
+        backend.set_poll_window(1, Duration::from_millis(300));
+        let what = format!("queue {queue}, {threads} workers");
+        let (b, r) = (backend.clone(), rv.clone());
+        let polling = std::thread::spawn(move || kick(&b, &r, 1));
+        until(&what, || rq.used() == 1);
+        // The hostile index, then the kick a guest gives with it.
+        let ring = if queue == HIPRIO_QUEUE { &hi } else { &rq };
+        ring.store16(ring.avail + 2, ring.published.wrapping_add(QSIZE + 5));
+        let (b, v) = (backend.clone(), if queue == HIPRIO_QUEUE { hv } else { rv });
+        assert!(
+            returns_within(Duration::from_secs(20), move || kick(&b, &v, queue)),
+            "{what}: the kicked thread keeps spinning on the hostile index"
+        );
+        let done = returns_within(Duration::from_secs(20), move || {
+            let _ = polling.join();
+        });
+        assert!(done, "{what}: the polling thread never went to sleep");
+        assert_eq!(
+            hi.used(),
+            1,
+            "{what}: nothing of the hostile ring is served"
+        );
+    }
 }
