@@ -122,6 +122,10 @@ tick_loop() {{
   done
 }}
 echo SOAK-STARTED
+# The three logs exist before tail opens them: busybox's tail -f skips a file missing at its
+# start, and a loop whose subshell had not yet made its log lost all its lines (the summary
+# read "fsx 0 runs" though fsx ran clean).
+: > /tmp/o.fc; : > /tmp/o.fsx; : > /tmp/o.storm
 fscheck_loop > /tmp/o.fc 2>&1 &
 p1=$!
 fsx_loop > /tmp/o.fsx 2>&1 &
