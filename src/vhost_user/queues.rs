@@ -226,18 +226,7 @@ where
         if self.inner.logging.load(Ordering::Acquire) {
             return;
         }
-        let vring = self
-            .inner
-            .vrings
-            .get(queue)
-            .and_then(|v| v.lock().unwrap_or_else(PoisonError::into_inner).clone());
-        let mem = self
-            .inner
-            .mem
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let (Some(vring), Some(mem)) = (vring, mem) else {
+        let (Some(vring), Some(mem)) = (self.kicked_vring(queue), self.guest_mem()) else {
             return;
         };
         let mut n = 0u32;
@@ -278,14 +267,27 @@ where
         );
     }
 
-    pub(super) fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<()> {
-        let mem = self
-            .inner
+    /// `queue`'s vring as its first kick of this connection brought it.
+    fn kicked_vring(&self, queue: usize) -> Option<Vring> {
+        self.inner
+            .vrings
+            .get(queue)?
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The frontend's guest memory, once it has sent a memory table.
+    fn guest_mem(&self) -> Option<GuestMem> {
+        self.inner
             .mem
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let Some(mem) = mem else {
+            .clone()
+    }
+
+    pub(super) fn process_queue(&self, vring: &Vring, queue: usize) -> io::Result<()> {
+        let Some(mem) = self.guest_mem() else {
             warn!(
                 queue,
                 "Queue kicked before the frontend sent a memory table; ignoring"
@@ -452,15 +454,9 @@ where
     }
 
     /// Start watching the hiprio ring (`hiprio`); `None` before its first kick of this
-    /// connection brought its vring, or with the queues closed.
+    /// connection brought its vring.
     fn watch_hiprio(&self, mem: &GuestMem) -> Option<HiprioWatch<'_, F>> {
-        let vring = self
-            .inner
-            .vrings
-            .get(HIPRIO_QUEUE)?
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()?;
+        let vring = self.kicked_vring(HIPRIO_QUEUE)?;
         self.inner.hiprio.enter();
         // After the count: a request the hiprio thread leaves behind from now on is seen
         // here or served at the end of the watch.
@@ -515,18 +511,7 @@ where
         if !self.inner.hiprio.any() || self.inner.logging.load(Ordering::Acquire) {
             return;
         }
-        let vring = self
-            .inner
-            .vrings
-            .get(HIPRIO_QUEUE)
-            .and_then(|v| v.lock().unwrap_or_else(PoisonError::into_inner).clone());
-        let mem = self
-            .inner
-            .mem
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let (Some(vring), Some(mem)) = (vring, mem) {
+        if let (Some(vring), Some(mem)) = (self.kicked_vring(HIPRIO_QUEUE), self.guest_mem()) {
             self.drain_queue(&vring, &mem, HIPRIO_QUEUE);
             // The rule of every hiprio popper: the watcher may have left meanwhile.
             if !self.inner.hiprio.any() {

@@ -311,19 +311,8 @@ mod tests {
     #[test]
     fn random_rings_get_virtio_queues_answers() {
         // SPLIT_SEEDS=N runs seeds 1..=N (a longer soak than CI's 300).
-        let count = std::env::var("SPLIT_SEEDS").map_or(300, |n| n.parse().expect("SPLIT_SEEDS"));
-        let seeds: Vec<u64> = match std::env::var("SPLIT_SEED") {
-            Ok(s) => vec![s.parse().expect("SPLIT_SEED")],
-            Err(_) => (1..=count).collect(),
-        };
-        for seed in seeds {
-            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-            let mut next = move || {
-                rng ^= rng << 13;
-                rng ^= rng >> 7;
-                rng ^= rng << 17;
-                rng
-            };
+        for seed in crate::vhost_user::tests::seeds("SPLIT", 300) {
+            let mut next = crate::vhost_user::tests::xorshift(seed);
             let size = 1u16 << (next() % 9);
             let (ma, mb) = (memory(), memory());
             let (mut qa, mut qb) = (queue(&ma, size, true), queue(&mb, size, true));

@@ -38,6 +38,33 @@ use virtio_bindings::virtio_ring::{VIRTIO_RING_F_EVENT_IDX, VIRTIO_RING_F_INDIRE
 use vm_memory::{Address, GuestAddressSpace};
 use vmm_sys_util::epoll::EventSet;
 
+/// The seeds a seeded random checker runs: `{var}_SEED=N` replays seed N alone, `{var}_SEEDS=N`
+/// runs seeds 1..=N, and without either seeds 1..=`default`.
+pub(crate) fn seeds(var: &str, default: u64) -> Vec<u64> {
+    let one = format!("{var}_SEED");
+    let many = format!("{var}_SEEDS");
+    match std::env::var(&one) {
+        Ok(s) => vec![s.parse().unwrap_or_else(|e| panic!("{one}: {e}"))],
+        Err(_) => {
+            let n = std::env::var(&many).map_or(default, |n| {
+                n.parse().unwrap_or_else(|e| panic!("{many}: {e}"))
+            });
+            (1..=n).collect()
+        }
+    }
+}
+
+/// A xorshift64 generator started from `seed`: the same seed gives the same sequence.
+pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    }
+}
+
 /// FUSE_SETLK (Linux `include/uapi/linux/fuse.h`).
 const FUSE_SETLK: u32 = 32;
 

@@ -202,6 +202,25 @@ fn until(what: &str, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// The start the tests share: the guest's first FORGET, which the hiprio thread serves before it
+/// sleeps with its notifications on; the request queue's polling window opened at `window`; an
+/// INIT published on the request ring, whose kick is due.
+fn begin(
+    backend: &VhostUserFsBackend<TestFs>,
+    rq: &mut Ring<'_>,
+    hi: &mut Ring<'_>,
+    hv: &Vring,
+    window: Duration,
+) {
+    hi.publish(&forget(1));
+    assert!(hi.needs_kick());
+    kick(backend, hv, HIPRIO_QUEUE);
+    assert_eq!(hi.used(), 1);
+    backend.set_poll_window(1, window);
+    rq.publish(&init_request(2));
+    assert!(rq.needs_kick());
+}
+
 /// While the request queue's thread polls, it serves the FORGETs of the hiprio ring: after
 /// the first (whose kick the hiprio thread still asked for), none needs a kick. Once it
 /// sleeps, the hiprio queue's notifications are on again. Each FORGET reaches the filesystem
@@ -217,14 +236,7 @@ fn forgets_made_while_a_request_queue_polls_need_no_kick() {
         backend
             .update_memory(mem.clone())
             .unwrap_or_else(|e| panic!("{e}"));
-        // The guest's first FORGET: the hiprio thread serves it and sleeps.
-        hi.publish(&forget(1));
-        assert!(hi.needs_kick());
-        kick(&backend, &hv, HIPRIO_QUEUE);
-        assert_eq!(hi.used(), 1);
-        backend.set_poll_window(1, Duration::from_secs(3));
-        rq.publish(&init_request(2));
-        assert!(rq.needs_kick());
+        begin(&backend, &mut rq, &mut hi, &hv, Duration::from_secs(3));
         std::thread::scope(|s| {
             let queue_thread = s.spawn(|| kick(&backend, &rv, 1));
             until("the request thread watches the hiprio ring", || {
@@ -294,12 +306,7 @@ fn without_workers_a_polling_thread_leaves_the_hiprio_ring_alone() {
     backend
         .update_memory(mem.clone())
         .unwrap_or_else(|e| panic!("{e}"));
-    hi.publish(&forget(1));
-    assert!(hi.needs_kick());
-    kick(&backend, &hv, HIPRIO_QUEUE);
-    backend.set_poll_window(1, Duration::from_millis(300));
-    rq.publish(&init_request(2));
-    assert!(rq.needs_kick());
+    begin(&backend, &mut rq, &mut hi, &hv, Duration::from_millis(300));
     std::thread::scope(|s| {
         let queue_thread = s.spawn(|| kick(&backend, &rv, 1));
         until("the INIT served", || rq.used() == 1);
@@ -329,12 +336,7 @@ fn a_watcher_held_by_a_stalled_request_leaves_the_hiprio_ring_to_the_rescuer() {
     backend
         .update_memory(mem.clone())
         .unwrap_or_else(|e| panic!("{e}"));
-    hi.publish(&forget(1));
-    assert!(hi.needs_kick());
-    kick(&backend, &hv, HIPRIO_QUEUE);
-    backend.set_poll_window(1, Duration::from_secs(3));
-    rq.publish(&init_request(2));
-    assert!(rq.needs_kick());
+    begin(&backend, &mut rq, &mut hi, &hv, Duration::from_secs(3));
     std::thread::scope(|s| {
         let queue_thread = s.spawn(|| kick(&backend, &rv, 1));
         until("the request thread watches the hiprio ring", || {
@@ -385,24 +387,13 @@ impl Drop for Unstall<'_> {
 /// seeds 1..=N (CI runs 60).
 #[test]
 fn random_schedules_never_leave_a_forget_unwatched() {
-    let count = std::env::var("HIPRIO_SEEDS").map_or(60, |n| n.parse().expect("HIPRIO_SEEDS"));
-    let seeds: Vec<u64> = match std::env::var("HIPRIO_SEED") {
-        Ok(s) => vec![s.parse().expect("HIPRIO_SEED")],
-        Err(_) => (1..=count).collect(),
-    };
-    for seed in seeds {
+    for seed in seeds("HIPRIO", 60) {
         random_schedule(seed);
     }
 }
 
 fn random_schedule(seed: u64) {
-    let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(seed);
     let event_idx = next() % 2 == 0;
     let threads = if next() % 2 == 0 { 0 } else { 2 };
     let poll = [50, 200, 2_000][usize::try_from(next() % 3).unwrap_or(0)];
@@ -559,10 +550,7 @@ fn hostile_avail_index_past_the_ring_holds_no_thread() {
         backend
             .update_memory(mem.clone())
             .unwrap_or_else(|e| panic!("{e}"));
-        hi.publish(&forget(1));
-        kick(&backend, &hv, HIPRIO_QUEUE);
-        rq.publish(&init_request(2));
-        backend.set_poll_window(1, Duration::from_millis(300));
+        begin(&backend, &mut rq, &mut hi, &hv, Duration::from_millis(300));
         let what = format!("queue {queue}, {threads} workers");
         let (b, r) = (backend.clone(), rv.clone());
         let polling = std::thread::spawn(move || kick(&b, &r, 1));
